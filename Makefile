@@ -1,0 +1,28 @@
+# Two commands set everything up: `make train` and `make test`. Both create or refresh .venv first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# The torch build to install when .venv has none. GPU users: install the CUDA wheel of their choice
+# into .venv first (see README), or e.g. make train TORCH_SPEC="torch==2.13.0 --index-url <your CUDA index>".
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+ARGS ?=
+
+.PHONY: train test setup clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet $(TORCH_SPEC)
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+train: $(STAMP)
+	$(PY) launch.py $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest $(ARGS)
+
+clean:
+	rm -rf $(VENV) runs outputs multirun .pytest_cache

@@ -1,0 +1,1 @@
+"""The check group (conf/check/). Only `none` exists so far; later issues add the real options."""

@@ -1,0 +1,127 @@
+"""Checkpoints in torch.distributed.checkpoint (DCP) format.
+
+Layout: <run>/checkpoints/step_<N>/ holds DCP's shards and `.metadata`, then COMPLETE, written
+last by rank 0 once every rank has finished. A folder without COMPLETE is an interrupted save and
+is never resumed from. DCP needs no process group: a single process saves and loads the same way,
+and a different world size can load a checkpoint (DCP reshards on load).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.stateful import Stateful
+
+from currytrain.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+MARKER = "COMPLETE"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+class TrainState(Stateful):
+    """Everything a resumed run needs to continue bit-for-bit: weights, optimizer, schedule, step, RNG."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any):
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.step = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        return {
+            "model": model_state,
+            "optimizer": optim_state,
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "rng": torch.get_rng_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = int(state["step"])
+        torch.set_rng_state(state["rng"])
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _barrier() -> None:
+    if _distributed():
+        dist.barrier()
+
+
+def is_complete(path: Path) -> bool:
+    return (Path(path) / MARKER).is_file()
+
+
+def complete_checkpoints(folder: Path) -> list[Path]:
+    """Complete step_N folders of a checkpoints folder, oldest first."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP_DIR.match(p.name)) and is_complete(p)]
+    return [path for _, path in sorted(found)]
+
+
+def find_checkpoint(location: Path) -> Path | None:
+    """The checkpoint to resume from: a checkpoint folder itself, or the latest complete one of a run folder."""
+    location = Path(location)
+    if is_complete(location):
+        return location
+    for folder in (location / "checkpoints", location):
+        found = complete_checkpoints(folder)
+        if found:
+            return found[-1]
+    return None
+
+
+class Checkpointer:
+    def __init__(self, folder: Path, keep_last: int, is_main: bool):
+        self.folder = Path(folder)
+        self.keep_last = keep_last
+        self.is_main = is_main
+
+    def save(self, train_state: TrainState) -> Path:
+        path = self.folder / f"step_{train_state.step}"
+        if self.is_main and path.exists():
+            shutil.rmtree(path)  # an interrupted save of the same step: start it afresh
+        _barrier()
+        started = time.perf_counter()
+        dcp.save({"train": train_state}, checkpoint_id=str(path), no_dist=not _distributed())
+        _barrier()  # every rank's shards are on disk before the marker says so
+        if self.is_main:
+            marker = {"step": train_state.step, "seconds": round(time.perf_counter() - started, 3)}
+            (path / MARKER).write_text(json.dumps(marker) + "\n")
+            self._prune()
+        _barrier()
+        return path
+
+    def _prune(self) -> None:
+        complete = complete_checkpoints(self.folder)
+        for old in complete[: -self.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+        newest = complete[-1] if complete else None
+        for path in self.folder.iterdir():
+            # Leftovers of interrupted saves older than the newest complete one can never be used.
+            match = _STEP_DIR.match(path.name)
+            if match and not is_complete(path) and newest is not None and int(match.group(1)) < int(newest.name[5:]):
+                shutil.rmtree(path, ignore_errors=True)
+
+    @staticmethod
+    def load(path: Path, train_state: TrainState) -> None:
+        if not is_complete(path):
+            raise ConfigError(f"trainer.resume: {path} is not a complete checkpoint (no {MARKER} marker)")
+        dcp.load({"train": train_state}, checkpoint_id=str(path), no_dist=not _distributed())

@@ -1,0 +1,62 @@
+"""The root config schema and its registration in Hydra's ConfigStore.
+
+Every group option in conf/ is a YAML file whose defaults list names one schema stored here
+(`/schema/<group>/<option>`), so a mistyped key fails at composition with Hydra's own message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from currytrain.abort.config import NoAbortConfig
+from currytrain.check.config import NoCheckConfig
+from currytrain.data.config import StdlibBytesConfig, SyntheticConfig, TextConfig
+from currytrain.logger.config import JsonlConfig, TensorBoardConfig
+from currytrain.model.config import GQAConfig
+from currytrain.optim.config import AdamWConfig, SGDConfig
+from currytrain.parallel.config import SingleConfig
+from currytrain.sweep.config import NoSweepConfig
+from currytrain.trainer.config import TrainerConfig
+
+# group -> option name -> schema. The YAML option <group>/<name>.yaml extends /schema/<group>/<name>.
+SCHEMAS: dict[str, dict[str, type]] = {
+    "model": {"gqa": GQAConfig},
+    "data": {"bytes": StdlibBytesConfig, "text": TextConfig, "synthetic": SyntheticConfig},
+    "parallel": {"single": SingleConfig},
+    "optimizer": {"adamw": AdamWConfig, "sgd": SGDConfig},
+    "logger": {"tensorboard": TensorBoardConfig, "jsonl": JsonlConfig},
+    "check": {"none": NoCheckConfig},
+    "sweep": {"none": NoSweepConfig},
+    "abort": {"none": NoAbortConfig},
+}
+
+# Groups whose options are chosen as a list (several active at once); each option sits at <group>.<name>.
+MULTI_GROUPS = ("logger",)
+
+
+@dataclass
+class RootConfig:
+    model: Any = MISSING
+    data: Any = MISSING
+    parallel: Any = MISSING
+    optimizer: Any = MISSING
+    logger: dict[str, Any] = field(default_factory=dict)
+    check: Any = MISSING
+    sweep: Any = MISSING
+    abort: Any = MISSING
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    seed: int = 0
+    """Seeds model init, the data split and every batch: same seed, same loss curve."""
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="root_schema", node=RootConfig)
+    for group, options in SCHEMAS.items():
+        for name, schema in options.items():
+            # Stored outside the option's own group so `Available options in 'model'` lists only real options.
+            cs.store(group=f"schema/{group}", name=name, node=schema)

@@ -1,0 +1,1 @@
+"""Data sources (conf/data/): byte corpora and synthetic token streams, cut into deterministic batches."""

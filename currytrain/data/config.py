@@ -1,0 +1,54 @@
+"""Typed configs of the data group (conf/data/)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StdlibBytesConfig:
+    """The embedded default corpus: the bytes of the running interpreter's standard-library sources."""
+
+    _target_: str = "currytrain.data.corpus.StdlibBytes"
+    seq_len: int = "${model.max_seq_len}"  # type: ignore[assignment]
+    """Tokens per training sequence (bytes)."""
+    val_fraction: float = 0.1
+    """Share of the files (not bytes) held out for validation, chosen before any processing."""
+    max_bytes: int = 16_000_000
+    """Cap on the bytes read (train and val together, in file order); 0 reads everything."""
+    seed: int = "${seed}"  # type: ignore[assignment]
+    """Seed of the file split and of batch sampling."""
+
+
+@dataclass
+class TextConfig:
+    """The user's own text files or folders, byte-level (vocab 256)."""
+
+    _target_: str = "currytrain.data.corpus.TextFiles"
+    paths: list[str] = field(default_factory=list)
+    """Files or folders to read; folders are searched recursively for `suffixes`."""
+    suffixes: list[str] = field(default_factory=lambda: [".txt", ".md", ".py"])
+    """File endings read from folders (files named directly are always read)."""
+    seq_len: int = "${model.max_seq_len}"  # type: ignore[assignment]
+    """Tokens per training sequence (bytes)."""
+    val_fraction: float = 0.1
+    """Share of the files held out for validation; a single file is split at its byte offset instead."""
+    max_bytes: int = 0
+    """Cap on the bytes read; 0 reads everything."""
+    seed: int = "${seed}"  # type: ignore[assignment]
+    """Seed of the file split and of batch sampling."""
+
+
+@dataclass
+class SyntheticConfig:
+    """Uniform random tokens: no signal to learn, for throughput benchmarks."""
+
+    _target_: str = "currytrain.data.corpus.SyntheticTokens"
+    vocab_size: int = 256
+    """Token ids are drawn uniformly from [0, vocab_size)."""
+    seq_len: int = "${model.max_seq_len}"  # type: ignore[assignment]
+    """Tokens per training sequence."""
+    num_tokens: int = 1_000_000
+    """Length of the generated token stream (train); val gets a tenth of it."""
+    seed: int = "${seed}"  # type: ignore[assignment]
+    """Seed of the generated stream and of batch sampling."""

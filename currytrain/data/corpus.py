@@ -1,0 +1,147 @@
+"""Token corpora. Each holds a train and a val token stream and cuts batches from them.
+
+Batches are a pure function of (seed, split, step, microbatch, rank): no sampler state to save,
+so a resumed run sees exactly the batches the uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import sysconfig
+from pathlib import Path
+
+import torch
+
+from currytrain.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+BYTE_VOCAB = 256
+
+
+class TokenCorpus:
+    """Train/val token streams plus deterministic random-window batching."""
+
+    vocab_size: int = BYTE_VOCAB
+
+    def __init__(self, train: torch.Tensor, val: torch.Tensor, seq_len: int, seed: int):
+        if len(train) <= seq_len + 1 or len(val) <= seq_len + 1:
+            raise ConfigError(
+                f"data: the corpus is too small for data.seq_len={seq_len} "
+                f"(train {len(train)} tokens, val {len(val)} tokens): add text or lower data.seq_len"
+            )
+        self.train, self.val = train, val
+        self.seq_len = seq_len
+        self.seed = seed
+
+    def batch(self, split: str, step: int, micro: int, batch_size: int, rank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and next-token targets, each (batch_size, seq_len) int64."""
+        stream = self.train if split == "train" else self.val
+        generator = torch.Generator().manual_seed(stable_seed(self.seed, split, step, micro, rank))
+        starts = torch.randint(len(stream) - self.seq_len - 1, (batch_size,), generator=generator)
+        offsets = torch.arange(self.seq_len + 1)
+        windows = stream[starts[:, None] + offsets].long()
+        return windows[:, :-1], windows[:, 1:]
+
+    def describe(self) -> dict:
+        return {"train_tokens": len(self.train), "val_tokens": len(self.val), "vocab_size": self.vocab_size}
+
+
+def stable_seed(*parts) -> int:
+    """A 63-bit seed from the parts, identical across processes (unlike hash(), which is salted)."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def _split_files(files: list[Path], val_fraction: float, seed: int) -> tuple[list[Path], list[Path]]:
+    """Hold out whole files for validation, chosen by a seeded shuffle of the sorted list."""
+    order = sorted(files)
+    random.Random(seed).shuffle(order)
+    num_val = max(1, round(len(order) * val_fraction))
+    return order[num_val:], order[:num_val]
+
+
+def _read_bytes(files: list[Path], budget: int) -> torch.Tensor:
+    chunks, total = [], 0
+    for path in files:
+        if budget and total >= budget:
+            break
+        blob = path.read_bytes()
+        if budget:
+            blob = blob[: budget - total]
+        chunks.append(blob)
+        total += len(blob)
+    return torch.frombuffer(bytearray(b"".join(chunks)), dtype=torch.uint8) if total else torch.zeros(0, dtype=torch.uint8)
+
+
+def _byte_corpus(files: list[Path], val_fraction: float, max_bytes: int, seq_len: int, seed: int) -> TokenCorpus:
+    if len(files) == 1:
+        # One file cannot be split by file: hold out its tail instead.
+        data = _read_bytes(files, max_bytes)
+        cut = int(len(data) * (1 - val_fraction))
+        return TokenCorpus(data[:cut], data[cut:], seq_len, seed)
+    train_files, val_files = _split_files(files, val_fraction, seed)
+    # The byte budget is shared in proportion to the split so val stays a val_fraction share.
+    train_budget = int(max_bytes * (1 - val_fraction)) if max_bytes else 0
+    val_budget = max_bytes - train_budget if max_bytes else 0
+    return TokenCorpus(_read_bytes(train_files, train_budget), _read_bytes(val_files, val_budget), seq_len, seed)
+
+
+class StdlibBytes(TokenCorpus):
+    """Byte-level corpus of the running interpreter's own standard-library `.py` files (no download)."""
+
+    def __init__(self, seq_len: int, val_fraction: float = 0.1, max_bytes: int = 16_000_000, seed: int = 0):
+        root = Path(sysconfig.get_paths()["stdlib"])
+        files = [p for p in root.rglob("*.py") if "site-packages" not in p.parts and p.is_file()]
+        if not files:
+            raise ConfigError(f"data=bytes: no .py files under the standard library at {root}: use data=text data.paths=[...]")
+        corpus = _byte_corpus(files, val_fraction, max_bytes, seq_len, seed)
+        super().__init__(corpus.train, corpus.val, seq_len, seed)
+        log.info("stdlib corpus: %d files, %d train / %d val bytes", len(files), len(self.train), len(self.val))
+
+
+class TextFiles(TokenCorpus):
+    """Byte-level corpus of the user's files and folders."""
+
+    def __init__(
+        self,
+        paths: list[str],
+        seq_len: int,
+        suffixes: list[str] = (".txt", ".md", ".py"),
+        val_fraction: float = 0.1,
+        max_bytes: int = 0,
+        seed: int = 0,
+    ):
+        files = collect_text_files(paths, suffixes)
+        corpus = _byte_corpus(files, val_fraction, max_bytes, seq_len, seed)
+        super().__init__(corpus.train, corpus.val, seq_len, seed)
+
+
+def collect_text_files(paths: list[str], suffixes) -> list[Path]:
+    """Resolve data.paths into a list of non-empty files, or raise a ConfigError naming what is wrong."""
+    if not paths:
+        raise ConfigError("data.paths is empty: pass data.paths=[/path/to/file_or_folder]")
+    files: list[Path] = []
+    for entry in paths:
+        path = Path(entry).expanduser()
+        if not path.exists():
+            raise ConfigError(f"data.paths: {entry} does not exist: pass existing files or folders")
+        found = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in suffixes)
+        found = [p for p in found if p.stat().st_size > 0]
+        if not found:
+            raise ConfigError(f"data.paths: {entry} holds no non-empty file ending in {list(suffixes)}: check the path or data.suffixes")
+        files.extend(found)
+    return files
+
+
+class SyntheticTokens(TokenCorpus):
+    """Uniform random tokens; loss cannot go below ln(vocab_size). For throughput benchmarks."""
+
+    def __init__(self, seq_len: int, vocab_size: int = 256, num_tokens: int = 1_000_000, seed: int = 0):
+        self.vocab_size = vocab_size
+        generator = torch.Generator().manual_seed(seed)
+        train = torch.randint(vocab_size, (num_tokens,), generator=generator, dtype=torch.int32)
+        val = torch.randint(vocab_size, (max(num_tokens // 10, seq_len + 2),), generator=generator, dtype=torch.int32)
+        super().__init__(train, val, seq_len, seed)

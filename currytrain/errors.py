@@ -1,0 +1,5 @@
+"""The error type for user mistakes: bad config values, missing paths. Reported as one message, exit code 2."""
+
+
+class ConfigError(ValueError):
+    """A problem the user fixes by changing the config or a path; the message names the key and the fix."""

@@ -1,0 +1,114 @@
+"""The run journal (journal.jsonl): a header that makes the run reproducible, then one line per event.
+
+Header: seed, git SHA and dirty flag (the dirty diff goes to git.diff beside it), package versions,
+world size, host, the overrides and the config's difference from the defaults. Events: start,
+eval, checkpoint, resume, skip_step, finish, and what later issues add (kill, rollback).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import platform
+import socket
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+TRACKED_PACKAGES = ("currytrain", "torch", "hydra-core", "omegaconf", "numpy", "tensorboard", "rich")
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in TRACKED_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def _git(cwd: Path, *args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def git_state(cwd: Path) -> dict[str, Any]:
+    """SHA of HEAD, whether tracked files differ from it, and that diff (None outside a repository)."""
+    sha = _git(cwd, "rev-parse", "HEAD")
+    if sha is None:
+        return {"sha": None, "dirty": None, "diff": None}
+    diff = _git(cwd, "diff", "HEAD") or ""
+    return {"sha": sha.strip(), "dirty": bool(diff), "diff": diff}
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay values."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def config_diff(config: dict, defaults: dict) -> dict[str, dict[str, Any]]:
+    """Keys whose value differs from the default config: {key: {"default": d, "value": v}}."""
+    ours, base = flatten(config), flatten(defaults)
+    return {
+        key: {"default": base.get(key), "value": ours.get(key)}
+        for key in sorted(set(ours) | set(base))
+        if ours.get(key) != base.get(key)
+    }
+
+
+class Journal:
+    """Append-only JSONL file; only the main rank writes."""
+
+    def __init__(self, path: Path, enabled: bool = True):
+        self.path = Path(path)
+        self.enabled = enabled
+
+    def _write(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as file:
+            file.write(json.dumps(record, default=str) + "\n")
+
+    def header(self, *, seed: int, world_size: int, overrides: list[str], diff: dict, cwd: Path) -> None:
+        """The first line of a new journal; a relaunch into the same folder appends a `launch` event instead."""
+        git = git_state(cwd)
+        if git["dirty"]:
+            (self.path.parent / "git.diff").write_text(git["diff"])
+        record = {
+            "type": "header" if not self.path.exists() else "launch",
+            "time": _now(),
+            "seed": seed,
+            "git_sha": git["sha"],
+            "git_dirty": git["dirty"],
+            "versions": package_versions(),
+            "world_size": world_size,
+            "host": socket.gethostname(),
+            "platform": platform.platform(),
+            "argv": sys.argv,
+            "overrides": overrides,
+            "config_diff": diff,
+        }
+        self._write(record)
+
+    def event(self, kind: str, **fields: Any) -> None:
+        self._write({"type": kind, "time": _now(), **fields})
+
+
+def read_journal(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -1,0 +1,1 @@
+"""Tracking backends (conf/logger/) behind one protocol; TensorBoard + JSONL by default."""

@@ -1,0 +1,1 @@
+"""Optimizers and LR schedules (conf/optimizer/)."""

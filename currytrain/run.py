@@ -1,0 +1,63 @@
+"""From a composed config to a finished run: write the run folder's record, then train.
+
+compose (Hydra) -> validate -> resolved.yaml + journal header -> worker(s) read resolved.yaml -> train.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from currytrain.journal import Journal, config_diff
+from currytrain.validate import exit_on_problems, validate
+
+log = logging.getLogger(__name__)
+
+RESOLVED = "resolved.yaml"
+
+
+def default_config() -> dict | None:
+    """The root config with no overrides, for the journal's diff; None outside a Hydra context."""
+    from hydra import compose
+    from hydra.core.global_hydra import GlobalHydra
+
+    if not GlobalHydra.instance().is_initialized():
+        return None
+    defaults = compose(config_name="config")
+    return OmegaConf.to_container(defaults, resolve=True) if defaults else None
+
+
+def write_run_record(cfg: DictConfig, run_dir: Path, overrides: list[str], cwd: Path) -> Path:
+    """resolved.yaml (what the workers read) and the journal header. Called once, by the launching process."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved_path = run_dir / RESOLVED
+    OmegaConf.save(OmegaConf.create(resolved), resolved_path)
+    defaults = default_config()
+    diff = config_diff(resolved, defaults) if defaults is not None else {}
+    Journal(run_dir / "journal.jsonl").header(seed=cfg.seed, world_size=cfg.parallel.nproc, overrides=overrides, diff=diff, cwd=cwd)
+    return resolved_path
+
+
+def run(cfg: DictConfig) -> float:
+    """Hydra task: record the run, then train in this process. Returns the final val loss (sweeps read it)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    exit_on_problems(validate(cfg))
+    resolved_path = write_run_record(cfg, run_dir, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.cwd))
+    return run_worker(resolved_path)
+
+
+def run_worker(resolved_path: Path) -> float:
+    """A worker's whole job: read the resolved config written by the launcher and train."""
+    from currytrain.trainer.trainer import Trainer
+
+    cfg = OmegaConf.load(resolved_path)
+    run_dir = Path(resolved_path).parent
+    val_loss = Trainer(cfg, run_dir).train()
+    print(f"final val loss {val_loss:.4f} nats/token | run folder: {run_dir}")
+    return val_loss

@@ -1,0 +1,1 @@
+"""The training loop: Trainer (train, train_step) and run_accumulated_step."""

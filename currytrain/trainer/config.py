@@ -1,0 +1,35 @@
+"""Typed config of the training loop (the root `trainer:` node; not a group)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 300
+    """Optimizer steps to run."""
+    batch_size: int = 32
+    """Sequences per microbatch (per data-parallel rank)."""
+    grad_accum: int = 1
+    """Microbatches per optimizer step; the loss of each is scaled by 1/grad_accum."""
+    grad_clip: float = 1.0
+    """Max global gradient L2 norm; 0 disables clipping."""
+    eval_every: int = 100
+    """Evaluate on the val split every this many steps (and always at the end)."""
+    eval_batches: int = 10
+    """Val batches per evaluation."""
+    log_every: int = 10
+    """Send train metrics to the loggers every this many steps."""
+    checkpoint_every: int = 0
+    """Save a checkpoint every this many steps; 0 saves only at the end."""
+    keep_last: int = 2
+    """Complete checkpoints kept in <run>/checkpoints; older ones are deleted."""
+    resume: str = "none"
+    """none, auto (latest complete checkpoint of this run folder), or a path to a run folder or checkpoint."""
+    device: str = "auto"
+    """auto (cuda when present, else cpu), cpu or cuda."""
+    precision: str = "fp32"
+    """fp32, or bf16 (autocast; the weights and optimizer stay fp32)."""
+    progress: bool = True
+    """Show the rich progress bar (step, loss, tokens/s, ETA)."""

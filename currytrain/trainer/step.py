@@ -1,0 +1,70 @@
+"""One optimizer step over N microbatches: the unit the trainer and the benchmarks share."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy in nats; logits are upcast so bf16 autocast keeps an fp32 loss."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+@dataclass
+class StepResult:
+    loss: float
+    """Mean loss over the microbatches (nats/token)."""
+    grad_norm: float
+    """Global L2 norm of the gradients before clipping."""
+    skipped: bool
+    """True when the gradients were not finite and the optimizer step was skipped."""
+    num_tokens: int
+    """Target tokens processed in the step."""
+
+
+def run_accumulated_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    microbatches: Sequence[Batch],
+    *,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = causal_lm_loss,
+    grad_clip: float = 0.0,
+    autocast_dtype: torch.dtype | None = None,
+) -> StepResult:
+    """Forward+backward each microbatch with its loss scaled by 1/N, then clip and take one optimizer step.
+
+    Scaling each microbatch loss by 1/N makes the accumulated gradient equal to the gradient of
+    the mean loss over the concatenated batch (for equal-sized microbatches).
+    """
+    num_micro = len(microbatches)
+    assert num_micro >= 1, "need at least one microbatch"
+    device = next(model.parameters()).device
+    total_loss = torch.zeros((), device=device)
+    num_tokens = 0
+    for inputs, targets in microbatches:
+        inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        autocast = (
+            torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
+        )
+        with autocast:
+            loss = loss_fn(model(inputs), targets) / num_micro
+        loss.backward()
+        total_loss += loss.detach()
+        num_tokens += targets.numel()
+
+    # clip_grad_norm_ with an infinite bound measures the norm without changing the gradients.
+    max_norm = grad_clip if grad_clip > 0 else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    skipped = not torch.isfinite(grad_norm).item()
+    if not skipped:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return StepResult(loss=total_loss.item(), grad_norm=grad_norm.item(), skipped=skipped, num_tokens=num_tokens)

@@ -1,0 +1,172 @@
+"""Eager validation of a composed config: every problem at once, each naming its key and a fix.
+
+Runs as a Hydra callback before the run folder exists, so a rejected config writes nothing;
+launch.py turns the error into one message and exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from currytrain.errors import ConfigError
+
+EXIT_CONFIG_ERROR = 2
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("fp32", "bf16")
+SCHEDULE_KINDS = ("cosine", "linear", "constant")
+BYTE_VOCAB = 256
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _check_model(model: DictConfig, problems: list[str]) -> None:
+    for key in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden", "max_seq_len"):
+        if key in model and model[key] < 1:
+            problems.append(f"model.{key}={model[key]} must be >= 1: pass model.{key}=<positive int>")
+    if "n_heads" not in model or model.n_heads < 1 or model.n_kv_heads < 1 or model.dim < 1:
+        return
+    if model.dim % model.n_heads:
+        problems.append(
+            f"model.n_heads={model.n_heads} does not divide model.dim={model.dim}: "
+            f"choose model.n_heads in {_divisors(model.dim)[:12]}"
+        )
+    elif (model.dim // model.n_heads) % 2:
+        problems.append(f"model.dim/model.n_heads={model.dim // model.n_heads} is odd, RoPE needs an even head size: change model.dim or model.n_heads")
+    if model.n_heads % model.n_kv_heads:
+        problems.append(
+            f"model.n_kv_heads={model.n_kv_heads} does not divide model.n_heads={model.n_heads}: "
+            f"choose model.n_kv_heads in {_divisors(model.n_heads)}"
+        )
+
+
+def _check_data(cfg: DictConfig, problems: list[str]) -> None:
+    data, model = cfg.data, cfg.model
+    if data.seq_len < 1:
+        problems.append(f"data.seq_len={data.seq_len} must be >= 1: pass data.seq_len=<positive int>")
+    elif "max_seq_len" in model and data.seq_len > model.max_seq_len:
+        problems.append(f"data.seq_len={data.seq_len} exceeds model.max_seq_len={model.max_seq_len}: pass data.seq_len={model.max_seq_len} or raise model.max_seq_len")
+    if "val_fraction" in data and not 0 < data.val_fraction < 1:
+        problems.append(f"data.val_fraction={data.val_fraction} must be in (0, 1): pass data.val_fraction=0.1")
+    data_vocab = data.vocab_size if "vocab_size" in data else BYTE_VOCAB
+    if "vocab_size" in model and data_vocab > model.vocab_size:
+        problems.append(f"model.vocab_size={model.vocab_size} is smaller than the data's vocabulary ({data_vocab}): pass model.vocab_size={data_vocab}")
+    if "paths" in data:
+        if not data.paths:
+            problems.append("data.paths is empty: pass data.paths=[/path/to/file_or_folder]")
+        for entry in data.paths:
+            if not Path(entry).expanduser().exists():
+                problems.append(f"data.paths: {entry} does not exist: pass an existing file or folder")
+
+
+def _check_optimizer(opt: DictConfig, problems: list[str]) -> None:
+    if opt.lr <= 0:
+        problems.append(f"optimizer.lr={opt.lr} must be > 0: pass e.g. optimizer.lr=3e-4")
+    if opt.weight_decay < 0:
+        problems.append(f"optimizer.weight_decay={opt.weight_decay} must be >= 0: pass optimizer.weight_decay=0.1")
+    if "betas" in opt and (len(opt.betas) != 2 or not all(0 <= b < 1 for b in opt.betas)):
+        problems.append(f"optimizer.betas={list(opt.betas)} must be two numbers in [0, 1): pass optimizer.betas=[0.9,0.95]")
+    schedule = opt.schedule
+    if schedule.kind not in SCHEDULE_KINDS:
+        problems.append(f"optimizer.schedule.kind={schedule.kind} is not one of {list(SCHEDULE_KINDS)}: pass optimizer.schedule.kind=cosine")
+    if schedule.warmup_steps < 0:
+        problems.append(f"optimizer.schedule.warmup_steps={schedule.warmup_steps} must be >= 0")
+    if not 0 <= schedule.min_lr_ratio <= 1:
+        problems.append(f"optimizer.schedule.min_lr_ratio={schedule.min_lr_ratio} must be in [0, 1]: pass optimizer.schedule.min_lr_ratio=0.1")
+
+
+def _check_trainer(trainer: DictConfig, schedule: DictConfig, problems: list[str]) -> None:
+    for key in ("max_steps", "batch_size", "grad_accum", "eval_every", "eval_batches", "log_every", "keep_last"):
+        if trainer[key] < 1:
+            problems.append(f"trainer.{key}={trainer[key]} must be >= 1: pass trainer.{key}=<positive int>")
+    if trainer.grad_clip < 0:
+        problems.append(f"trainer.grad_clip={trainer.grad_clip} must be >= 0 (0 disables clipping): pass trainer.grad_clip=1.0")
+    if trainer.checkpoint_every < 0:
+        problems.append(f"trainer.checkpoint_every={trainer.checkpoint_every} must be >= 0 (0 saves only at the end)")
+    if trainer.max_steps >= 1 and schedule.warmup_steps >= trainer.max_steps:
+        problems.append(
+            f"optimizer.schedule.warmup_steps={schedule.warmup_steps} is not below trainer.max_steps={trainer.max_steps}: "
+            f"pass optimizer.schedule.warmup_steps={max(0, trainer.max_steps // 10)}"
+        )
+    if trainer.device not in DEVICES:
+        problems.append(f"trainer.device={trainer.device} is not one of {list(DEVICES)}: pass trainer.device=auto")
+    elif trainer.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            problems.append("trainer.device=cuda but no CUDA device is visible: pass trainer.device=auto (or cpu)")
+    if trainer.precision not in PRECISIONS:
+        problems.append(f"trainer.precision={trainer.precision} is not one of {list(PRECISIONS)}: pass trainer.precision=fp32")
+    if trainer.resume not in ("none", "auto") and not Path(trainer.resume).expanduser().exists():
+        problems.append(f"trainer.resume={trainer.resume} does not exist: pass trainer.resume=auto, none, or an existing run folder or checkpoint")
+
+
+def _check_parallel(cfg: DictConfig, problems: list[str]) -> None:
+    if cfg.parallel.nproc < 1:
+        problems.append(f"parallel.nproc={cfg.parallel.nproc} must be >= 1")
+    elif cfg.parallel._target_.endswith("SingleDevice") and cfg.parallel.nproc != 1:
+        problems.append(f"parallel.nproc={cfg.parallel.nproc} needs a multi-process strategy; parallel=single runs one process: pass parallel.nproc=1")
+
+
+def _check_run_dir(cfg: DictConfig, run_dir: str | None, problems: list[str]) -> None:
+    """Never train over an earlier run's checkpoints unless asked to resume them."""
+    if run_dir is None or cfg.trainer.resume != "none":
+        return
+    checkpoints = Path(run_dir) / "checkpoints"
+    if checkpoints.is_dir() and any(checkpoints.iterdir()):
+        problems.append(
+            f"hydra.run.dir={run_dir} already holds checkpoints of an earlier run: pass trainer.resume=auto to continue it, "
+            "or choose another hydra.run.dir"
+        )
+
+
+def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
+    """All problems of a composed config (empty when it is good)."""
+    problems: list[str] = []
+    try:
+        _check_model(cfg.model, problems)
+        _check_data(cfg, problems)
+        _check_optimizer(cfg.optimizer, problems)
+        _check_trainer(cfg.trainer, cfg.optimizer.schedule, problems)
+        _check_parallel(cfg, problems)
+        _check_run_dir(cfg, run_dir, problems)
+        if not cfg.logger:
+            problems.append("logger is empty: pass logger=[tensorboard,jsonl] (or at least one logger)")
+    except Exception as error:  # an interpolation that cannot resolve, a wrong type
+        problems.append(f"the config cannot be read: {error}")
+    return problems
+
+
+def format_problems(problems: list[str]) -> str:
+    noun = "problem" if len(problems) == 1 else "problems"
+    lines = [f"curryTrain: the config has {len(problems)} {noun}:"]
+    lines += [f"  - {problem}" for problem in problems]
+    return "\n".join(lines)
+
+
+def exit_on_problems(problems: list[str]) -> None:
+    if problems:
+        print(format_problems(problems), file=sys.stderr)
+        sys.exit(EXIT_CONFIG_ERROR)
+
+
+def raise_on_problems(problems: list[str]) -> None:
+    if problems:
+        raise ConfigError(format_problems(problems))
+
+
+class ValidateCallback(Callback):
+    """Hydra callback: reject a bad config before Hydra creates the run folder."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        run_dir = OmegaConf.select(config, "hydra.run.dir")
+        exit_on_problems(validate(config, run_dir))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        exit_on_problems(validate(config))
