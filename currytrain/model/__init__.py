@@ -1,1 +1,25 @@
-"""Model architectures (conf/model/). Each family lives in its own module; import them directly."""
+"""Model architectures (conf/model/). Each family lives in its own module; import them directly.
+
+Beyond forward(tokens) -> logits, a model may implement two optional methods that the trainer uses:
+
+- auxiliary_loss() -> Tensor: the weighted sum of the extra losses of the last forward pass
+  (MoE load balancing, router z-loss); added to the task loss before backward.
+- training_metrics() -> dict[str, float]: per-layer statistics of the last forward pass
+  (expert load, drop rate, spike rate), logged with the train metrics.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class HasAuxiliaryLoss(Protocol):
+    def auxiliary_loss(self) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class HasTrainingMetrics(Protocol):
+    def training_metrics(self) -> dict[str, float]: ...

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from currytrain.model import HasAuxiliaryLoss
+
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
@@ -41,6 +43,8 @@ def run_accumulated_step(
 ) -> StepResult:
     """Forward+backward each microbatch with its loss scaled by 1/N, then clip and take one optimizer step.
 
+    A model with auxiliary_loss() (MoE balancing) has it added to each microbatch's loss.
+
     Scaling each microbatch loss by 1/N makes the accumulated gradient equal to the gradient of
     the mean loss over the concatenated batch (for equal-sized microbatches).
     """
@@ -55,9 +59,11 @@ def run_accumulated_step(
             torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
         )
         with autocast:
-            loss = loss_fn(model(inputs), targets) / num_micro
-        loss.backward()
-        total_loss += loss.detach()
+            task_loss = loss_fn(model(inputs), targets)
+            loss = task_loss + model.auxiliary_loss() if isinstance(model, HasAuxiliaryLoss) else task_loss
+        (loss / num_micro).backward()
+        # The reported loss is the task loss alone, so runs with and without auxiliary losses compare.
+        total_loss += task_loss.detach() / num_micro
         num_tokens += targets.numel()
 
     # clip_grad_norm_ with an infinite bound measures the norm without changing the gradients.

@@ -16,6 +16,7 @@ from currytrain.checkpoint import Checkpointer, TrainState, find_checkpoint
 from currytrain.errors import ConfigError
 from currytrain.journal import Journal
 from currytrain.logger.base import MultiLogger
+from currytrain.model import HasTrainingMetrics
 from currytrain.optim.builders import build_scheduler
 from currytrain.parallel.state import ParallelState
 from currytrain.trainer.progress import Progress
@@ -104,6 +105,8 @@ class Trainer:
         }
         # 6. log
         if step % cfg.log_every == 0 or step == cfg.max_steps:
+            if isinstance(self.model, HasTrainingMetrics):
+                metrics.update(self.model.training_metrics())
             self.loggers.log_metrics(metrics, step)
         if step % cfg.eval_every == 0 and step != cfg.max_steps:
             self.evaluate()
