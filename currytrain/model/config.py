@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 
 @dataclass
-class GQAConfig:
-    """Llama-style decoder: grouped-query attention, RoPE, RMSNorm, SwiGLU MLP."""
+class DecoderConfig:
+    """Fields every decoder family shares; model/size/*.yaml sets them. Families subclass it."""
 
-    _target_: str = "currytrain.model.gqa.GQATransformer"
+    _target_: str = "???"
     vocab_size: int = 256
     """Number of token ids the embedding covers; must be >= the data's vocabulary."""
     dim: int = 128
@@ -32,3 +32,10 @@ class GQAConfig:
     """Share the token embedding with the output projection."""
     init_std: float = 0.02
     """Std of the normal init of linear and embedding weights."""
+
+
+@dataclass
+class GQAConfig(DecoderConfig):
+    """Llama-style decoder: grouped-query attention, RoPE, RMSNorm, SwiGLU MLP."""
+
+    _target_: str = "currytrain.model.gqa.GQATransformer"
