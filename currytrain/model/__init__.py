@@ -6,20 +6,8 @@ Beyond forward(tokens) -> logits, a model may implement two optional methods tha
   (MoE load balancing, router z-loss); added to the task loss before backward.
 - training_metrics() -> dict[str, float]: per-layer statistics of the last forward pass
   (expert load, drop rate, spike rate), logged with the train metrics.
+
+The protocols are in currytrain.model.hooks. This package imports no torch, so composing a
+config (which imports the config dataclasses beside it) stays fast.
 """
 
-from __future__ import annotations
-
-from typing import Protocol, runtime_checkable
-
-import torch
-
-
-@runtime_checkable
-class HasAuxiliaryLoss(Protocol):
-    def auxiliary_loss(self) -> torch.Tensor: ...
-
-
-@runtime_checkable
-class HasTrainingMetrics(Protocol):
-    def training_metrics(self) -> dict[str, float]: ...

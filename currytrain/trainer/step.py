@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from currytrain.model import HasAuxiliaryLoss
+from currytrain.model.hooks import HasAuxiliaryLoss
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

@@ -16,7 +16,7 @@ from currytrain.checkpoint import Checkpointer, TrainState, find_checkpoint
 from currytrain.errors import ConfigError
 from currytrain.journal import Journal
 from currytrain.logger.base import MultiLogger
-from currytrain.model import HasTrainingMetrics
+from currytrain.model.hooks import HasTrainingMetrics
 from currytrain.optim.builders import build_scheduler
 from currytrain.parallel.state import ParallelState
 from currytrain.trainer.progress import Progress

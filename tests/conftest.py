@@ -1,0 +1,60 @@
+"""Shared fixtures: compose the real root config (tiny sizes) and run launch.py as a user would."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from currytrain.config import register_configs
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+# Small enough that a run of a few steps takes about a second on one CPU core.
+TINY = [
+    "model.dim=32",
+    "model.n_layers=1",
+    "model.n_heads=2",
+    "model.n_kv_heads=1",
+    "model.mlp_hidden=64",
+    "model.max_seq_len=32",
+    "trainer.batch_size=4",
+    "trainer.max_steps=6",
+    "trainer.eval_every=3",
+    "trainer.eval_batches=2",
+    "trainer.log_every=1",
+    "trainer.progress=false",
+    "optimizer.schedule.warmup_steps=2",
+]
+
+
+@pytest.fixture
+def compose_cfg():
+    """compose_cfg(*overrides) -> the composed root config, TINY overrides applied first."""
+    register_configs()
+
+    def _compose(*overrides: str, tiny: bool = True):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            return compose(config_name="config", overrides=[*(TINY if tiny else []), *overrides])
+
+    yield _compose
+    GlobalHydra.instance().clear()
+
+
+def launch(*overrides: str, tiny: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run `python launch.py ...` in a subprocess, as a user would."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    args = [sys.executable, str(ROOT / "launch.py"), *(TINY if tiny else []), *overrides]
+    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def run_launch():
+    return launch

@@ -1,0 +1,81 @@
+"""Bad input: one clear message naming the key and the fix, exit code 2, no traceback, nothing written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, launch
+
+BAD_CONFIGS = [
+    # (overrides, text every message must contain)
+    (["model=nope"], ["Could not find 'model/nope'", "gqa"]),
+    (["optimizer.lr=-1"], ["optimizer.lr=-1.0", "must be > 0"]),
+    (["optimizer.lrr=0.1"], ["optimizer.lrr", "Key 'lrr' not in 'AdamWConfig'"]),
+    (["optimizer.lr=fast"], ["optimizer.lr", "could not be converted to Float"]),
+    (["model.n_kv_heads=3"], ["model.n_kv_heads=3 does not divide model.n_heads=2", "choose model.n_kv_heads in [1, 2]"]),
+    (["model.n_heads=3"], ["model.n_heads=3 does not divide model.dim=32"]),
+    (["data=text"], ["data.paths is empty", "data.paths=["]),
+    (["data=text", "data.paths=[/no/such/corpus]"], ["data.paths: /no/such/corpus does not exist"]),
+    (["data.seq_len=64"], ["data.seq_len=64 exceeds model.max_seq_len=32"]),
+    (["trainer.device=tpu"], ["trainer.device=tpu", "trainer.device=auto"]),
+    (["trainer.precision=fp8"], ["trainer.precision=fp8"]),
+    (["trainer.resume=/no/such/run"], ["trainer.resume=/no/such/run does not exist"]),
+    (["optimizer.schedule.warmup_steps=50"], ["optimizer.schedule.warmup_steps=50 is not below trainer.max_steps=6"]),
+    (["optimizer.schedule.kind=step"], ["optimizer.schedule.kind=step"]),
+    (["trainer.batch_size=0"], ["trainer.batch_size=0 must be >= 1"]),
+    (["parallel.nproc=2"], ["parallel.nproc=2"]),
+    (["model.vocab_size=100"], ["model.vocab_size=100 is smaller than the data's vocabulary (256)"]),
+]
+
+
+@pytest.mark.parametrize(("overrides", "expected"), BAD_CONFIGS, ids=[" ".join(o) for o, _ in BAD_CONFIGS])
+def test_bad_config_exits_2_with_one_clear_message(overrides, expected, tmp_path):
+    run_dir = tmp_path / "run"
+    result = launch(*overrides, f"hydra.run.dir={run_dir}")
+    assert result.returncode == 2, result.stderr
+    message = result.stderr + result.stdout
+    for text in expected:
+        assert text in message, message
+    assert "Traceback" not in message
+    assert not run_dir.exists(), "a rejected config must write nothing"
+
+
+def test_all_problems_are_reported_at_once(tmp_path):
+    result = launch("optimizer.lr=-1", "model.n_kv_heads=3", "trainer.device=tpu", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 2
+    assert "the config has 3 problems" in result.stderr
+    for key in ("optimizer.lr", "model.n_kv_heads", "trainer.device"):
+        assert f"  - {key}=" in result.stderr
+
+
+def test_existing_checkpoints_are_never_trained_over(tmp_path):
+    run_dir = tmp_path / "run"
+    first = launch("trainer.max_steps=2", "optimizer.schedule.warmup_steps=1", f"hydra.run.dir={run_dir}")
+    assert first.returncode == 0, first.stderr
+    journal_before = (run_dir / "journal.jsonl").read_text()
+    checkpoints_before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    again = launch("trainer.max_steps=2", "optimizer.schedule.warmup_steps=1", f"hydra.run.dir={run_dir}")
+    assert again.returncode == 2
+    assert "trainer.resume=auto" in again.stderr and "hydra.run.dir" in again.stderr
+    assert (run_dir / "journal.jsonl").read_text() == journal_before
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == checkpoints_before
+
+
+def test_cfg_job_is_fast_path_without_heavy_imports():
+    """`launch.py --cfg job` must not import torch, lightning, mlflow or optuna (its speed depends on it)."""
+    probe = (
+        "import sys, runpy; sys.argv = ['launch.py', '--cfg', 'job']\n"
+        "try:\n    runpy.run_path('launch.py', run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "import json; heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'lightning', 'mlflow', 'optuna', 'transformers'})\n"
+        "print('HEAVY=' + json.dumps(heavy))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "_target_: currytrain.model.gqa.GQATransformer" in result.stdout
+    heavy = json.loads(result.stdout.split("HEAVY=")[1])
+    assert heavy == []

@@ -1,0 +1,124 @@
+"""Every option of every group composes and builds; groups map one to one onto packages; build() guards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from currytrain.build import build
+from currytrain.config import SCHEMAS
+from currytrain.errors import ConfigError
+from currytrain.validate import validate
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+GROUP_PACKAGES = {"experiment": "experiments", "optimizer": "currytrain/optim"}  # else currytrain/<group>
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir()) + ["model/size"]
+ALL_OPTIONS = [(group, option) for group in GROUPS for option in _options(group)]
+
+
+def test_every_group_is_a_package_and_every_schema_has_a_yaml():
+    for group_dir in (p for p in CONF.iterdir() if p.is_dir()):
+        package = ROOT / GROUP_PACKAGES.get(group_dir.name, f"currytrain/{group_dir.name}")
+        assert (package / "__init__.py").is_file(), f"conf/{group_dir.name} has no package {package}"
+    for group, options in SCHEMAS.items():
+        assert set(options) == set(_options(group)), f"conf/{group}/*.yaml and SCHEMAS[{group!r}] disagree"
+        module_prefix = GROUP_PACKAGES.get(group, f"currytrain/{group}").replace("/", ".") + "."
+        for name, schema in options.items():
+            target = schema._target_
+            assert target is None or target.startswith(module_prefix), f"{group}={name} builds {target}, outside {module_prefix}"
+
+
+def _option_overrides(group: str, option: str, tmp_path: Path) -> list[str]:
+    if group == "logger":
+        return [f"logger=[{option}]"]
+    overrides = [f"{group}={option}"]
+    if group == "experiment":
+        return overrides
+    if (group, option) == ("data", "text"):
+        text = tmp_path / "corpus"
+        text.mkdir()
+        for index in range(3):
+            (text / f"part{index}.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 40)
+        overrides.append(f"data.paths=[{text}]")
+    return overrides
+
+
+@pytest.mark.parametrize(("group", "option"), ALL_OPTIONS, ids=[f"{g}={o}" for g, o in ALL_OPTIONS])
+def test_compose_and_build_every_option(group, option, compose_cfg, tmp_path):
+    tiny = not (group == "model" or group.startswith("model/"))
+    cfg = compose_cfg(*_option_overrides(group, option, tmp_path), tiny=tiny)
+    assert validate(cfg) == [], validate(cfg)
+    model = build(cfg.model)
+    assert isinstance(model, torch.nn.Module)
+    if group == "model/size":
+        assert model.output.out_features == cfg.model.vocab_size
+        return
+    data = build(cfg.data)
+    inputs, targets = data.batch("train", 1, 0, 2)
+    assert inputs.shape == targets.shape == (2, cfg.data.seq_len)
+    assert int(inputs.max()) < cfg.model.vocab_size
+    optimizer = build(cfg.optimizer, exclude=["schedule"], model=model)
+    assert isinstance(optimizer, torch.optim.Optimizer)
+    assert build(cfg.parallel).nproc == 1
+    for node in cfg.logger.values():
+        logger = build(node, run_dir=str(tmp_path / "run"))
+        logger.log_metrics({"x": 1.0}, step=1)
+        logger.close()
+    for none_group in ("check", "sweep", "abort"):
+        assert build(cfg[none_group]) is None
+
+
+def test_model_sizes_match_the_issue(compose_cfg):
+    tiny = compose_cfg("model/size=tiny", tiny=False).model
+    assert (tiny.vocab_size, tiny.dim, tiny.n_layers, tiny.n_heads, tiny.n_kv_heads, tiny.mlp_hidden, tiny.max_seq_len) == (
+        1024, 128, 2, 4, 2, 384, 128,
+    )
+    small = compose_cfg("model/size=small", tiny=False).model
+    assert (small.vocab_size, small.dim, small.n_layers, small.n_heads, small.n_kv_heads, small.mlp_hidden, small.max_seq_len) == (
+        8192, 384, 6, 6, 2, 1024, 256,
+    )
+
+
+def test_default_config_is_valid_and_typed(compose_cfg):
+    cfg = compose_cfg(tiny=False)
+    assert validate(cfg) == []
+    assert cfg.data.seq_len == cfg.model.max_seq_len  # interpolated, not copied
+    assert OmegaConf.get_type(cfg.optimizer).__name__ == "AdamWConfig"
+
+
+def test_experiment_file_overrides_several_groups(compose_cfg):
+    cfg = compose_cfg("experiment=tiny_bytes", tiny=False)
+    assert cfg.model.vocab_size == 1024 and cfg.trainer.max_steps == 200 and cfg.optimizer.lr == 2e-3
+
+
+def test_mistyped_key_fails_at_composition(compose_cfg):
+    with pytest.raises(ConfigCompositionException):
+        compose_cfg("optimizer.lrr=1")
+    with pytest.raises(ConfigCompositionException):
+        compose_cfg("logger.tensorboard.subdirr=x")
+
+
+def test_build_rejects_targets_outside_the_allow_list(compose_cfg):
+    node = OmegaConf.create({"_target_": "os.system", "command": "echo hi"})
+    with pytest.raises(ConfigError, match="_target_=os.system"):
+        build(node)
+    nested = OmegaConf.create({"_target_": "currytrain.logger.base.MultiLogger", "loggers": [], "x": {"_target_": "subprocess.run"}})
+    with pytest.raises(ConfigError, match="x._target_=subprocess.run"):
+        build(nested)
+
+
+def test_build_rejects_runtime_arguments_that_collide_with_config_fields(compose_cfg):
+    cfg = compose_cfg()
+    with pytest.raises(ConfigError, match="collide"):
+        build(cfg.logger.jsonl, filename="other.jsonl", run_dir="/tmp")
