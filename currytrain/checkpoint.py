@@ -8,11 +8,13 @@ and a different world size can load a checkpoint (DCP reshards on load).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,14 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+@contextlib.contextmanager
+def _quiet_single_process():
+    """DCP warns that it assumes a single process when no group exists: that is the intent here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def _barrier() -> None:
     if _distributed():
         dist.barrier()
@@ -100,7 +110,8 @@ class Checkpointer:
             shutil.rmtree(path)  # an interrupted save of the same step: start it afresh
         _barrier()
         started = time.perf_counter()
-        dcp.save({"train": train_state}, checkpoint_id=str(path), no_dist=not _distributed())
+        with _quiet_single_process():
+            dcp.save({"train": train_state}, checkpoint_id=str(path), no_dist=not _distributed())
         _barrier()  # every rank's shards are on disk before the marker says so
         if self.is_main:
             marker = {"step": train_state.step, "seconds": round(time.perf_counter() - started, 3)}
@@ -124,4 +135,5 @@ class Checkpointer:
     def load(path: Path, train_state: TrainState) -> None:
         if not is_complete(path):
             raise ConfigError(f"trainer.resume: {path} is not a complete checkpoint (no {MARKER} marker)")
-        dcp.load({"train": train_state}, checkpoint_id=str(path), no_dist=not _distributed())
+        with _quiet_single_process():
+            dcp.load({"train": train_state}, checkpoint_id=str(path), no_dist=not _distributed())

@@ -76,20 +76,35 @@ def _read_bytes(files: list[Path], budget: int) -> torch.Tensor:
     return torch.frombuffer(bytearray(b"".join(chunks)), dtype=torch.uint8) if total else torch.zeros(0, dtype=torch.uint8)
 
 
-def _byte_corpus(files: list[Path], val_fraction: float, max_bytes: int, seq_len: int, seed: int) -> TokenCorpus:
+def _split_bytes(files: list[Path], val_fraction: float, max_bytes: int, seed: int) -> dict:
+    """Train/val byte streams, split by file before anything else touches the text."""
     if len(files) == 1:
         # One file cannot be split by file: hold out its tail instead.
         data = _read_bytes(files, max_bytes)
         cut = int(len(data) * (1 - val_fraction))
-        return TokenCorpus(data[:cut], data[cut:], seq_len, seed)
+        return {"train": data[:cut], "val": data[cut:], "train_files": files, "val_files": files}
     train_files, val_files = _split_files(files, val_fraction, seed)
     # The byte budget is shared in proportion to the split so val stays a val_fraction share.
     train_budget = int(max_bytes * (1 - val_fraction)) if max_bytes else 0
     val_budget = max_bytes - train_budget if max_bytes else 0
-    return TokenCorpus(_read_bytes(train_files, train_budget), _read_bytes(val_files, val_budget), seq_len, seed)
+    return {
+        "train": _read_bytes(train_files, train_budget),
+        "val": _read_bytes(val_files, val_budget),
+        "train_files": train_files,
+        "val_files": val_files,
+    }
 
 
-class StdlibBytes(TokenCorpus):
+class ByteCorpus(TokenCorpus):
+    """Bytes of a set of files as tokens (vocab 256), split into train/val by file."""
+
+    def __init__(self, files: list[Path], seq_len: int, val_fraction: float, max_bytes: int, seed: int):
+        split = _split_bytes(files, val_fraction, max_bytes, seed)
+        self.train_files, self.val_files = split["train_files"], split["val_files"]
+        super().__init__(split["train"], split["val"], seq_len, seed)
+
+
+class StdlibBytes(ByteCorpus):
     """Byte-level corpus of the running interpreter's own standard-library `.py` files (no download)."""
 
     def __init__(self, seq_len: int, val_fraction: float = 0.1, max_bytes: int = 16_000_000, seed: int = 0):
@@ -97,12 +112,11 @@ class StdlibBytes(TokenCorpus):
         files = [p for p in root.rglob("*.py") if "site-packages" not in p.parts and p.is_file()]
         if not files:
             raise ConfigError(f"data=bytes: no .py files under the standard library at {root}: use data=text data.paths=[...]")
-        corpus = _byte_corpus(files, val_fraction, max_bytes, seq_len, seed)
-        super().__init__(corpus.train, corpus.val, seq_len, seed)
+        super().__init__(files, seq_len, val_fraction, max_bytes, seed)
         log.info("stdlib corpus: %d files, %d train / %d val bytes", len(files), len(self.train), len(self.val))
 
 
-class TextFiles(TokenCorpus):
+class TextFiles(ByteCorpus):
     """Byte-level corpus of the user's files and folders."""
 
     def __init__(
@@ -114,9 +128,7 @@ class TextFiles(TokenCorpus):
         max_bytes: int = 0,
         seed: int = 0,
     ):
-        files = collect_text_files(paths, suffixes)
-        corpus = _byte_corpus(files, val_fraction, max_bytes, seq_len, seed)
-        super().__init__(corpus.train, corpus.val, seq_len, seed)
+        super().__init__(collect_text_files(paths, suffixes), seq_len, val_fraction, max_bytes, seed)
 
 
 def collect_text_files(paths: list[str], suffixes) -> list[Path]:

@@ -60,17 +60,17 @@ class GQATransformer(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        # Residual-output projections are scaled down with depth (GPT-2) so the stream's variance
-        # does not grow with n_layers at init.
-        residual_std = self.init_std / math.sqrt(2 * len(self.layers))
-        for name, module in self.named_modules():
-            if isinstance(module, nn.Linear):
-                std = residual_std if name.endswith(("attention.wo", "mlp.w2")) else self.init_std
-                nn.init.normal_(module.weight, std=std)
-            elif isinstance(module, nn.Embedding):
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=self.init_std)
             elif isinstance(module, RMSNorm):
                 module.reset_parameters()
+        # Projections that write into the residual stream are scaled down with depth (GPT-2), so
+        # the stream's variance at init does not grow with n_layers.
+        residual_std = self.init_std / math.sqrt(2 * len(self.layers))
+        for block in self.layers:
+            nn.init.normal_(block.attention.wo.weight, std=residual_std)
+            nn.init.normal_(block.mlp.w2.weight, std=residual_std)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens)

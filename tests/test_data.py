@@ -1,0 +1,70 @@
+"""Corpora: the stdlib bytes, the user's text, synthetic tokens; split by file; deterministic batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from currytrain.data.corpus import StdlibBytes, SyntheticTokens, TextFiles
+from currytrain.errors import ConfigError
+
+
+def test_stdlib_corpus_is_split_by_file_and_deterministic_given_the_seed():
+    first = StdlibBytes(seq_len=32, max_bytes=200_000, seed=3)
+    again = StdlibBytes(seq_len=32, max_bytes=200_000, seed=3)
+    other = StdlibBytes(seq_len=32, max_bytes=200_000, seed=4)
+    assert not set(first.train_files) & set(first.val_files)
+    assert first.train_files == again.train_files and torch.equal(first.train, again.train)
+    assert first.val_files != other.val_files
+    assert len(first.train) + len(first.val) == 200_000
+    assert abs(len(first.val) / 200_000 - 0.1) < 0.01
+    assert first.train_files[0].suffix == ".py" and "site-packages" not in first.train_files[0].parts
+
+
+def test_batches_are_a_pure_function_of_split_step_micro_and_rank():
+    corpus = StdlibBytes(seq_len=16, max_bytes=100_000, seed=0)
+    x, y = corpus.batch("train", step=5, micro=1, batch_size=4)
+    x2, y2 = corpus.batch("train", step=5, micro=1, batch_size=4)
+    assert torch.equal(x, x2) and torch.equal(y, y2)
+    assert torch.equal(x[:, 1:], y[:, :-1]), "targets are the inputs shifted by one"
+    for other in (corpus.batch("train", 6, 1, 4), corpus.batch("train", 5, 0, 4), corpus.batch("train", 5, 1, 4, rank=1), corpus.batch("val", 5, 1, 4)):
+        assert not torch.equal(x, other[0])
+    assert x.dtype == torch.int64 and int(x.max()) < 256
+
+
+def test_text_files_from_folders_and_files(tmp_path):
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for index in range(10):
+        (folder / f"note{index}.md").write_text(f"note {index}: " + "some words to learn from. " * 20)
+    (folder / "skip.bin").write_bytes(b"\x00" * 1000)
+    corpus = TextFiles(paths=[str(folder)], seq_len=16, seed=0)
+    assert len(corpus.train_files) == 9 and len(corpus.val_files) == 1
+    assert all(p.suffix == ".md" for p in corpus.train_files)
+    single = tmp_path / "book.txt"
+    single.write_text("a long book. " * 200)
+    book = TextFiles(paths=[str(single)], seq_len=16, seed=0)
+    assert len(book.train) + len(book.val) == single.stat().st_size
+    assert bytes(book.train[:13].tolist()) == b"a long book. "
+
+
+def test_missing_or_empty_text_paths_give_clear_errors(tmp_path):
+    with pytest.raises(ConfigError, match="data.paths is empty"):
+        TextFiles(paths=[], seq_len=16)
+    with pytest.raises(ConfigError, match="does not exist"):
+        TextFiles(paths=[str(tmp_path / "missing")], seq_len=16)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "blank.txt").write_text("")
+    with pytest.raises(ConfigError, match="holds no non-empty file"):
+        TextFiles(paths=[str(empty)], seq_len=16)
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("too short")
+    with pytest.raises(ConfigError, match="too small for data.seq_len=16"):
+        TextFiles(paths=[str(tiny)], seq_len=16)
+
+
+def test_synthetic_tokens_cover_the_vocabulary():
+    corpus = SyntheticTokens(seq_len=8, vocab_size=50, num_tokens=10_000, seed=1)
+    x, _ = corpus.batch("train", 1, 0, 64)
+    assert corpus.vocab_size == 50 and int(x.max()) < 50 and len(torch.unique(corpus.train)) == 50

@@ -1,0 +1,67 @@
+"""run_accumulated_step: accumulation equals one big batch, clipping, skipping non-finite steps."""
+
+from __future__ import annotations
+
+import torch
+
+from currytrain.benchmark import run_accumulated_step
+from currytrain.model.gqa import GQATransformer
+
+
+def _model() -> GQATransformer:
+    torch.manual_seed(0)
+    return GQATransformer(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=64, max_seq_len=16)
+
+
+def _capture_grads(optimizer: torch.optim.Optimizer, into: dict) -> None:
+    """Record the gradients the optimizer sees at step time (run_accumulated_step clears them after)."""
+
+    def hook(opt, args, kwargs):
+        into["grads"] = [p.grad.detach().clone() for group in opt.param_groups for p in group["params"]]
+
+    optimizer.register_step_pre_hook(hook)
+
+
+def test_accumulated_microbatches_give_the_gradients_of_one_big_batch():
+    inputs = torch.randint(64, (8, 16), generator=torch.Generator().manual_seed(1))
+    targets = torch.randint(64, (8, 16), generator=torch.Generator().manual_seed(2))
+    results = {}
+    for num_micro in (1, 4):
+        model = _model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+        seen: dict = {}
+        _capture_grads(optimizer, seen)
+        micro = list(zip(inputs.chunk(num_micro), targets.chunk(num_micro)))
+        result = run_accumulated_step(model, optimizer, micro)
+        results[num_micro] = (result, seen["grads"])
+    (one, grads_one), (four, grads_four) = results[1], results[4]
+    max_diff = max((a - b).abs().max().item() for a, b in zip(grads_one, grads_four))
+    assert max_diff <= 1e-6, max_diff
+    assert abs(one.loss - four.loss) < 1e-6
+    assert one.num_tokens == four.num_tokens == 8 * 16
+
+
+def test_clipping_bounds_the_gradient_norm_and_reports_the_norm_before():
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    seen: dict = {}
+    _capture_grads(optimizer, seen)
+    batch = (torch.randint(64, (4, 16)), torch.randint(64, (4, 16)))
+    result = run_accumulated_step(model, optimizer, [batch], grad_clip=1e-3)
+    clipped = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in seen["grads"]]))
+    assert result.grad_norm > 1e-3
+    assert abs(clipped.item() - 1e-3) < 1e-6
+
+
+def test_non_finite_gradients_skip_the_optimizer_step():
+    model = _model()
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    batch = (torch.randint(64, (4, 16)), torch.randint(64, (4, 16)))
+    result = run_accumulated_step(model, optimizer, [batch], loss_fn=lambda logits, targets: logits.sum() * float("nan"))
+    assert result.skipped
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(p.grad is None for p in model.parameters())
+    good = run_accumulated_step(model, optimizer, [batch])
+    assert not good.skipped
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
