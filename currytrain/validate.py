@@ -14,6 +14,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from currytrain.errors import ConfigError
+from currytrain.model.config import AC_MODES, AC_POLICIES
 
 EXIT_CONFIG_ERROR = 2
 DEVICES = ("auto", "cpu", "cuda")
@@ -30,6 +31,7 @@ def _check_model(model: DictConfig, problems: list[str]) -> None:
     for key in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden", "max_seq_len"):
         if key in model and model[key] < 1:
             problems.append(f"model.{key}={model[key]} must be >= 1: pass model.{key}=<positive int>")
+    _check_ac_and_mup(model, problems)
     if "n_heads" not in model or model.n_heads < 1 or model.n_kv_heads < 1 or model.dim < 1:
         return
     if model.dim % model.n_heads:
@@ -44,6 +46,26 @@ def _check_model(model: DictConfig, problems: list[str]) -> None:
             f"model.n_kv_heads={model.n_kv_heads} does not divide model.n_heads={model.n_heads}: "
             f"choose model.n_kv_heads in {_divisors(model.n_heads)}"
         )
+
+
+def _check_ac_and_mup(model: DictConfig, problems: list[str]) -> None:
+    if "ac" in model and model.ac not in AC_MODES:
+        problems.append(f"model.ac={model.ac} is not one of {list(AC_MODES)}: pass model.ac=full (or none, selective)")
+    if "ac_policy" in model and model.ac_policy not in AC_POLICIES:
+        problems.append(f"model.ac_policy={model.ac_policy} is not one of {list(AC_POLICIES)}: pass model.ac_policy=block (or op)")
+    if "ac_every" in model and model.ac_every < 1:
+        problems.append(f"model.ac_every={model.ac_every} must be >= 1 (checkpoint every k-th block): pass model.ac_every=2")
+    if "mup_base_width" in model and model.mup_base_width < 1:
+        problems.append(
+            f"model.mup_base_width={model.mup_base_width} must be >= 1: pass the model.dim hyperparameters were tuned at, "
+            f"e.g. model.mup_base_width={max(1, model.get('dim', 128))}"
+        )
+
+
+def _check_mup_optimizer(cfg: DictConfig, problems: list[str]) -> None:
+    # Adam-family optimizers are the ones with betas; muP's per-layer rules here are Adam's.
+    if cfg.model.get("mup", False) and "betas" not in cfg.optimizer:
+        problems.append(f"model.mup=true sets Adam's per-layer learning rates, but optimizer builds {cfg.optimizer._target_}: pass optimizer=adamw, or model.mup=false")
 
 
 def _check_data(cfg: DictConfig, problems: list[str]) -> None:
@@ -133,6 +155,7 @@ def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         _check_model(cfg.model, problems)
         _check_data(cfg, problems)
         _check_optimizer(cfg.optimizer, problems)
+        _check_mup_optimizer(cfg, problems)
         _check_trainer(cfg.trainer, cfg.optimizer.schedule, problems)
         _check_parallel(cfg, problems)
         _check_run_dir(cfg, run_dir, problems)

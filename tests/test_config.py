@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from currytrain.build import build
 from currytrain.config import SCHEMAS
 from currytrain.errors import ConfigError
+from currytrain.model import build_model
 from currytrain.validate import validate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +60,7 @@ def test_compose_and_build_every_option(group, option, compose_cfg, tmp_path):
     tiny = not (group == "model" or group.startswith("model/"))
     cfg = compose_cfg(*_option_overrides(group, option, tmp_path), tiny=tiny)
     assert validate(cfg) == [], validate(cfg)
-    model = build(cfg.model)
+    model = build_model(cfg.model)
     assert isinstance(model, torch.nn.Module)
     if group == "model/size":
         assert model.output.out_features == cfg.model.vocab_size

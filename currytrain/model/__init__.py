@@ -1,13 +1,33 @@
 """Model architectures (conf/model/). Each family lives in its own module; import them directly.
 
-Beyond forward(tokens) -> logits, a model may implement two optional methods that the trainer uses:
+Beyond forward(tokens) -> logits, a model may implement three optional methods that the trainer uses:
 
 - auxiliary_loss() -> Tensor: the weighted sum of the extra losses of the last forward pass
   (MoE load balancing, router z-loss); added to the task loss before backward.
 - training_metrics() -> dict[str, float]: per-layer statistics of the last forward pass
   (expert load, drop rate, spike rate), logged with the train metrics.
+- mup_hidden_matrices() -> HiddenMatrices: with model.mup=true, the weights the optimizer builder
+  trains with a width-scaled learning rate (muP).
+
+Every family keeps its blocks in `model.layers` (an nn.ModuleList): parallelize_decoder wraps them there.
+Build a model with build_model(cfg.model), which leaves out the config fields applied from outside.
 
 The protocols are in currytrain.model.hooks. This package imports no torch, so composing a
 config (which imports the config dataclasses beside it) stays fast.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from currytrain.build import build
+from currytrain.model.config import APPLIED_FROM_OUTSIDE
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+    from torch import nn
+
+
+def build_model(cfg: DictConfig) -> nn.Module:
+    """The model of `cfg` (the model sub-tree), without the fields parallelize_decoder applies (APPLIED_FROM_OUTSIDE)."""
+    return build(cfg, exclude=APPLIED_FROM_OUTSIDE)

@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+AC_MODES = ("none", "full", "selective")
+"""Activation-checkpointing modes (model.ac); parallelize_decoder implements each."""
+AC_POLICIES = ("block", "op")
+"""What model.ac=selective recomputes (model.ac_policy)."""
+APPLIED_FROM_OUTSIDE = ("ac", "ac_policy", "ac_every")
+"""DecoderConfig fields that are not constructor arguments: parallelize_decoder applies them to the built
+model, so build_model() leaves them out. The one list of such fields."""
+
 
 @dataclass
 class DecoderConfig:
@@ -31,7 +39,24 @@ class DecoderConfig:
     tie_embeddings: bool = False
     """Share the token embedding with the output projection."""
     init_std: float = 0.02
-    """Std of the normal init of linear and embedding weights."""
+    """Std of the normal init of linear and embedding weights (at mup_base_width when mup=true)."""
+    mup: bool = False
+    """Maximal update parameterisation (muP): hidden matrices start with std init_std*sqrt(base/width) and
+    train with lr*base/width (Adam), logits are multiplied by base/width and attention scores by
+    sqrt(base/width)/sqrt(head_dim), i.e. 1/head_dim as width grows (width=dim, base=mup_base_width).
+    At dim == mup_base_width the model and its training equal mup=false, so hyperparameters tuned there
+    transfer to wider models. Assumes widths vary at fixed n_heads/n_kv_heads and mlp_hidden/dim."""
+    mup_base_width: int = 128
+    """With mup=true: the dim at which hyperparameters (lr, init_std) were tuned."""
+    ac: str = "none"
+    """Activation checkpointing: none (keep every activation for backward), full (keep only each block's
+    input and recompute the block in backward), selective (see ac_policy). Applied by parallelize_decoder."""
+    ac_policy: str = "block"
+    """With ac=selective: block (recompute every ac_every-th block whole, keep the others) or op (in every
+    block keep the matmul and attention outputs, recompute the cheap elementwise ops and norms)."""
+    ac_every: int = 2
+    """With ac=selective and ac_policy=block: checkpoint blocks 0, k, 2k, ... of model.layers
+    (1 checkpoints all of them, like ac=full)."""
 
 
 @dataclass

@@ -48,14 +48,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    """Causal grouped-query attention: n_kv_heads key/value heads shared by groups of query heads."""
+    """Causal grouped-query attention: n_kv_heads key/value heads shared by groups of query heads.
 
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int):
+    softmax_scale multiplies q.k before the softmax; None is the usual 1/sqrt(head_dim) (muP passes its own).
+    """
+
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, softmax_scale: float | None = None):
         super().__init__()
         assert dim % n_heads == 0 and n_heads % n_kv_heads == 0
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
         self.head_dim = dim // n_heads
+        self.softmax_scale = softmax_scale
         self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
@@ -72,7 +76,7 @@ class Attention(nn.Module):
             groups = self.n_heads // self.n_kv_heads
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
         return self.wo(out.transpose(1, 2).reshape(batch, seq_len, -1))
 
 

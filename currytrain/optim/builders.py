@@ -7,24 +7,44 @@ import math
 import torch
 from torch import nn
 
+from currytrain.errors import ConfigError
+from currytrain.model.hooks import HasMuP, HiddenMatrices
+
 SCHEDULE_KINDS = ("cosine", "linear", "constant")
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Decay matrices and embeddings; leave 1-D parameters (norm gains, biases) undecayed."""
+def param_groups(model: nn.Module, weight_decay: float, lr: float) -> list[dict]:
+    """Decay matrices and embeddings; leave 1-D parameters (norm gains, biases) undecayed.
+
+    With model.mup=true a third group holds muP's hidden matrices at lr / width_multiplier (Adam's rule:
+    an update of fixed per-entry size moves a hidden layer's output by ~fan_in, so the step shrinks with
+    width). The first group always runs at `lr`, which is the lr the trainer logs.
+    """
+    hidden = model.mup_hidden_matrices() if isinstance(model, HasMuP) else HiddenMatrices(1.0, [])
+    hidden_ids = {id(param) for param in hidden.params}
     decay, no_decay = [], []
     for param in model.parameters():
-        if param.requires_grad:
+        if param.requires_grad and id(param) not in hidden_ids:
             (decay if param.dim() >= 2 else no_decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    trainable_hidden = [param for param in hidden.params if param.requires_grad]
+    if trainable_hidden:
+        width = hidden.width_multiplier
+        # Decoupled decay shrinks a weight by lr * weight_decay per step; keeping that product as at the
+        # base width keeps the decay's timescale (in steps) the same at every width.
+        groups.append({"params": trainable_hidden, "lr": lr / width, "weight_decay": weight_decay * width})
+    return groups
 
 
 def build_adamw(model: nn.Module, lr: float, betas, eps: float, weight_decay: float) -> torch.optim.AdamW:
-    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), eps=eps)
+    return torch.optim.AdamW(param_groups(model, weight_decay, lr), lr=lr, betas=tuple(betas), eps=eps)
 
 
 def build_sgd(model: nn.Module, lr: float, momentum: float, nesterov: bool, weight_decay: float) -> torch.optim.SGD:
-    return torch.optim.SGD(param_groups(model, weight_decay), lr=lr, momentum=momentum, nesterov=nesterov)
+    if isinstance(model, HasMuP) and model.mup_hidden_matrices().params:
+        # muP's per-layer rules differ by optimizer; curryTrain implements Adam's only (validate.py says so first).
+        raise ConfigError("model.mup=true sets Adam's per-layer learning rates: pass optimizer=adamw, or model.mup=false")
+    return torch.optim.SGD(param_groups(model, weight_decay, lr), lr=lr, momentum=momentum, nesterov=nesterov)
 
 
 def lr_multiplier(step: int, total_steps: int, kind: str, warmup_steps: int, min_lr_ratio: float) -> float:

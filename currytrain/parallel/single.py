@@ -1,9 +1,11 @@
-"""parallel=single: one process, one device, the model left as built."""
+"""parallel=single: one process, one device; the model gets only what parallelize_decoder applies without a mesh."""
 
 from __future__ import annotations
 
+from omegaconf import DictConfig
 from torch import nn
 
+from currytrain.parallel.parallelize import parallelize_decoder
 from currytrain.parallel.state import ParallelState, resolve_device
 
 
@@ -14,9 +16,9 @@ class SingleDevice:
     def setup(self, device: str) -> ParallelState:
         return ParallelState(device=resolve_device(device))
 
-    def apply(self, model: nn.Module, state: ParallelState) -> nn.Module:
-        """The hook where parallel strategies wrap the model (TP, AC, compile, FSDP in that order)."""
-        return model.to(state.device)
+    def apply(self, model: nn.Module, state: ParallelState, model_cfg: DictConfig) -> nn.Module:
+        """Move the model to this process's device, then parallelize it (TP, AC, compile, FSDP in that order)."""
+        return parallelize_decoder(model.to(state.device), state, model_cfg)
 
     def teardown(self) -> None:
         pass

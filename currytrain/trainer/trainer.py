@@ -16,6 +16,7 @@ from currytrain.checkpoint import Checkpointer, TrainState, find_checkpoint
 from currytrain.errors import ConfigError
 from currytrain.journal import Journal
 from currytrain.logger.base import MultiLogger
+from currytrain.model import build_model
 from currytrain.model.hooks import HasTrainingMetrics
 from currytrain.optim.builders import build_scheduler
 from currytrain.parallel.state import ParallelState
@@ -41,7 +42,7 @@ class Trainer:
         self.state: ParallelState = self.parallel.setup(self.cfg.device)
         torch.manual_seed(cfg.seed)
         self.data = build(cfg.data)
-        self.model = self.parallel.apply(build(cfg.model), self.state)
+        self.model = self.parallel.apply(build_model(cfg.model), self.state, cfg.model)
         self.optimizer = build(cfg.optimizer, exclude=["schedule"], model=self.model)
         self.scheduler = build_scheduler(self.optimizer, cfg.optimizer.schedule, self.cfg.max_steps)
         self.train_state = TrainState(self.model, self.optimizer, self.scheduler)

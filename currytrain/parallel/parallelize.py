@@ -1,0 +1,83 @@
+"""parallelize_decoder: everything applied to a built decoder from outside its model file.
+
+One function per model family, each applying the parallelisms in a fixed order. Every decoder family
+(gqa, moe, spiking) keeps its blocks in `model.layers`, an nn.ModuleList, and shares this one.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+from currytrain.model.config import AC_MODES, AC_POLICIES
+from currytrain.parallel.state import ParallelState
+
+log = logging.getLogger(__name__)
+
+aten = torch.ops.aten
+
+# What ac_policy=op keeps: matrix products (every linear layer lowers to one of these) and the fused
+# attention kernels. They hold most of a block's FLOPs; the norms, RoPE and activations between them
+# are cheap to recompute and hold many of its saved bytes.
+MATMUL_OPS = [
+    aten.mm.default,
+    aten.addmm.default,
+    aten.bmm.default,
+    aten.baddbmm.default,
+    aten._scaled_dot_product_flash_attention.default,
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+    aten._scaled_dot_product_efficient_attention.default,
+    aten._scaled_dot_product_cudnn_attention.default,
+]
+
+
+def parallelize_decoder(model: nn.Module, state: ParallelState, model_cfg: DictConfig) -> nn.Module:
+    """Apply parallelism to a decoder whose blocks are `model.layers`, in place; returns the model.
+
+    state: which axes this job has (tensor/data parallel groups come from its mesh).
+    model_cfg: the model sub-tree; its APPLIED_FROM_OUTSIDE fields (ac, ac_policy, ac_every) are read here.
+    """
+    # 1. Tensor parallelism: shards each block's projections over the mesh's tp axis (lands with parallel=tp).
+    # 2. Activation checkpointing: after TP so that recomputation replays the sharded ops; before compile
+    #    and FSDP so that both see the checkpoint wrappers as the blocks.
+    apply_ac(model, model_cfg.ac, model_cfg.ac_policy, model_cfg.ac_every)
+    # 3. torch.compile per block (lands with trainer.compile).
+    # 4. FSDP: fully_shard per block, then the root (lands with parallel=fsdp).
+    return model
+
+
+def apply_ac(model: nn.Module, mode: str, policy: str = "block", every: int = 1) -> None:
+    """Wrap the blocks of `model.layers` in torch's non-reentrant activation checkpointing, in place.
+
+    mode: none | full | selective. full recomputes every block in backward, keeping only its input.
+    policy (selective only): block recomputes every `every`-th block (blocks 0, every, 2*every, ...)
+    whole; op recomputes, in every block, all but the outputs of MATMUL_OPS.
+    Gradients are unchanged: only what is kept for backward, and so what is recomputed, differs.
+    """
+    if mode not in AC_MODES:
+        raise ValueError(f"model.ac={mode} is not one of {list(AC_MODES)}")
+    if mode == "none":
+        return
+    if policy not in AC_POLICIES:
+        raise ValueError(f"model.ac_policy={policy} is not one of {list(AC_POLICIES)}")
+    layers = getattr(model, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise TypeError(f"activation checkpointing wraps model.layers, an nn.ModuleList of blocks; {type(model).__name__} has none")
+    if mode == "selective" and policy == "op":
+        context_fn = functools.partial(create_selective_checkpoint_contexts, MATMUL_OPS)
+        wrap = functools.partial(checkpoint_wrapper, context_fn=context_fn)
+        chosen = range(len(layers))
+    else:
+        wrap = checkpoint_wrapper
+        chosen = range(0, len(layers), every if mode == "selective" else 1)
+    for index in chosen:
+        # checkpoint_wrapper keeps parameter names and state_dict keys as they were (it strips its own
+        # prefix), so checkpoints load across ac modes and the blocks' attributes stay reachable.
+        layers[index] = wrap(layers[index])
+    log.info("activation checkpointing: ac=%s%s on %d of %d blocks", mode, f" ({policy})" if mode == "selective" else "", len(chosen), len(layers))
