@@ -77,7 +77,7 @@ def apply_ac(model: nn.Module, mode: str, policy: str = "block", every: int = 1)
         wrap = checkpoint_wrapper
         chosen = range(0, len(layers), every if mode == "selective" else 1)
     for index in chosen:
-        # checkpoint_wrapper keeps parameter names and state_dict keys as they were (it strips its own
-        # prefix), so checkpoints load across ac modes and the blocks' attributes stay reachable.
+        # The wrapper strips its own prefix from state_dict keys (DCP's too), so checkpoints load across ac
+        # modes; it forwards attribute access, so model.layers[i].attention still works.
         layers[index] = wrap(layers[index])
     log.info("activation checkpointing: ac=%s%s on %d of %d blocks", mode, f" ({policy})" if mode == "selective" else "", len(chosen), len(layers))
