@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 from currytrain.benchmark import run_accumulated_step  # noqa: E402
 from currytrain.build import build  # noqa: E402
 from currytrain.config import register_configs  # noqa: E402
+from currytrain.model import build_model  # noqa: E402
 
 
 def plain_step(model, optimizer, microbatches, grad_clip):
@@ -46,7 +47,7 @@ def main() -> None:
         cfg = compose(config_name="config", overrides=overrides)
     torch.manual_seed(cfg.seed)
     data = build(cfg.data)
-    models = {name: build(cfg.model) for name in ("currytrain", "plain")}
+    models = {name: build_model(cfg.model) for name in ("currytrain", "plain")}
     optimizers = {name: build(cfg.optimizer, exclude=["schedule"], model=model) for name, model in models.items()}
     step_fns = {
         "currytrain": lambda model, optimizer, micro: run_accumulated_step(model, optimizer, micro, grad_clip=cfg.trainer.grad_clip),
