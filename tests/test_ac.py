@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from hydra.errors import InstantiationException
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
 from currytrain.build import build
@@ -126,7 +127,7 @@ def test_checkpoints_load_across_ac_modes(debug_model):
 def test_fields_applied_from_outside_are_decoder_fields_and_not_constructor_arguments(compose_cfg):
     assert set(APPLIED_FROM_OUTSIDE) <= set(DecoderConfig.__dataclass_fields__)
     cfg = compose_cfg("model.ac=selective", "model.ac_policy=block", "model.ac_every=1")
-    with pytest.raises(Exception, match="ac"):
+    with pytest.raises(InstantiationException, match="unexpected keyword argument 'ac'"):
         build(cfg.model)  # the plain build passes them to the constructor, which rejects them
     parallel = build(cfg.parallel)
     model = parallel.apply(build_model(cfg.model), parallel.setup("cpu"), cfg.model)
