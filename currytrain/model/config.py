@@ -39,3 +39,7 @@ class GQAConfig(DecoderConfig):
     """Llama-style decoder: grouped-query attention, RoPE, RMSNorm, SwiGLU MLP."""
 
     _target_: str = "currytrain.model.gqa.GQATransformer"
+    qkv_bias: bool = False
+    """Give the query/key/value projections a bias (Qwen2); the output projection never has one."""
+    qk_norm: bool = False
+    """RMS-normalise each query and key head (learned gain of size dim/n_heads) before RoPE (Qwen3)."""

@@ -13,10 +13,12 @@ from currytrain.model.layers import Attention, RMSNorm, SwiGLU, build_rope_cache
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, mlp_hidden: int, norm_eps: float):
+    def __init__(
+        self, dim: int, n_heads: int, n_kv_heads: int, mlp_hidden: int, norm_eps: float, qkv_bias: bool = False, qk_norm: bool = False
+    ):
         super().__init__()
         self.attention_norm = RMSNorm(dim, norm_eps)
-        self.attention = Attention(dim, n_heads, n_kv_heads)
+        self.attention = Attention(dim, n_heads, n_kv_heads, qkv_bias=qkv_bias, qk_norm=qk_norm, norm_eps=norm_eps)
         self.mlp_norm = RMSNorm(dim, norm_eps)
         self.mlp = SwiGLU(dim, mlp_hidden)
 
@@ -41,13 +43,17 @@ class GQATransformer(nn.Module):
         norm_eps: float = 1e-5,
         tie_embeddings: bool = False,
         init_std: float = 0.02,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
     ):
         super().__init__()
         self.vocab_size = vocab_size
         self.max_seq_len = max_seq_len
         self.init_std = init_std
         self.tok_embeddings = nn.Embedding(vocab_size, dim)
-        self.layers = nn.ModuleList(Block(dim, n_heads, n_kv_heads, mlp_hidden, norm_eps) for _ in range(n_layers))
+        self.layers = nn.ModuleList(
+            Block(dim, n_heads, n_kv_heads, mlp_hidden, norm_eps, qkv_bias=qkv_bias, qk_norm=qk_norm) for _ in range(n_layers)
+        )
         self.norm = RMSNorm(dim, norm_eps)
         self.output = nn.Linear(dim, vocab_size, bias=False)
         if tie_embeddings:
@@ -63,6 +69,8 @@ class GQATransformer(nn.Module):
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=self.init_std)
+                if getattr(module, "bias", None) is not None:  # qkv_bias
+                    nn.init.zeros_(module.bias)
             elif isinstance(module, RMSNorm):
                 module.reset_parameters()
         # Projections that write into the residual stream are scaled down with depth (GPT-2), so
