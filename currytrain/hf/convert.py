@@ -17,6 +17,7 @@ import json
 import logging
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,10 @@ def _family_of(hf_config: Any) -> Family:
     for name in architectures:
         if name in FAMILIES:
             return FAMILIES[name]
+    if not architectures:  # older or hand-written configs: the model type alone decides
+        for family in FAMILIES.values():
+            if family.model_type == getattr(hf_config, "model_type", None):
+                return family
     found = architectures or [f"model_type={getattr(hf_config, 'model_type', '?')}"]
     raise ConfigError(f"unsupported architecture {found}: curryTrain imports {list(FAMILIES)}")
 
@@ -200,7 +205,9 @@ def _load_checkpoint(node: dict[str, Any], checkpoint: Path) -> dict[str, torch.
 
     model = build(OmegaConf.create(node))
     state = model.state_dict()
-    dcp.load({"train": {"model": state}}, checkpoint_id=str(checkpoint), no_dist=True)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load({"train": {"model": state}}, checkpoint_id=str(checkpoint), no_dist=True)
     if node.get("tie_embeddings"):
         state.pop("output.weight", None)
     log.info("read %s", checkpoint)
@@ -225,14 +232,22 @@ def export_hf(source: str | Path, out: str | Path, dtype: str | None = None, ove
     _check_output(out, overwrite, "OUTDIR")
     if dtype is not None and dtype not in DTYPES:
         raise ConfigError(f"--dtype {dtype} is not one of {list(DTYPES)}")
-    transformers = _require("transformers")
     node, state, hf_dir = read_model(source)
+    write_hf(node, state, out, dtype=dtype, hf_dir=hf_dir, what=str(source))
+    return out
+
+
+def write_hf(
+    node: dict[str, Any], state: dict[str, torch.Tensor], out: Path, dtype: str | None = None, hf_dir: Path | None = None, what: str = "the model"
+) -> None:
+    """The HF folder of a model node and its state (curryTrain names); hf_dir: an import's original files."""
+    transformers = _require("transformers")
     family = family_for_model(node)
     if isinstance(family, str):
-        raise ConfigError(f"{source}: {family}")
+        raise ConfigError(f"{what}: {family}")
     problems = family.export_problems(node)
     if problems:
-        raise ConfigError(f"{source} cannot be exported as {family.architecture}: " + "; ".join(problems))
+        raise ConfigError(f"{what} cannot be exported as {family.architecture}: " + "; ".join(problems))
 
     tensors = family.to_hf(state, node)
     target = DTYPES[dtype] if dtype else next(iter(tensors.values())).dtype
@@ -254,8 +269,7 @@ def export_hf(source: str | Path, out: str | Path, dtype: str | None = None, ove
             for pattern in PASSTHROUGH:
                 for path in hf_dir.glob(pattern):
                     shutil.copy2(path, stage / path.name)
-    log.info("exported %s as %s (%s) -> %s", source, family.architecture, target, out)
-    return out
+    log.info("exported %s as %s (%s) -> %s", what, family.architecture, target, out)
 
 
 # ---------------------------------------------------------------------------------------------- files

@@ -142,6 +142,8 @@ class Family:
     """transformers class name, the config's `architectures` entry."""
     config_class: str
     """transformers config class that export instantiates."""
+    model_type: str
+    """The config's model_type; selects the family when a config.json lists no architectures."""
     qkv_bias: bool = False
     """The architecture always has q/k/v biases (Qwen2)."""
     qk_norm: bool = False
@@ -299,10 +301,10 @@ def _moe_defaults() -> dict[str, Any]:
 FAMILIES: dict[str, Family] = {
     family.architecture: family
     for family in (
-        Family("LlamaForCausalLM", "LlamaConfig"),
-        Family("Qwen2ForCausalLM", "Qwen2Config", qkv_bias=True),
-        Family("Qwen3ForCausalLM", "Qwen3Config", qk_norm=True),
-        MixtralFamily("MixtralForCausalLM", "MixtralConfig"),
+        Family("LlamaForCausalLM", "LlamaConfig", "llama"),
+        Family("Qwen2ForCausalLM", "Qwen2Config", "qwen2", qkv_bias=True),
+        Family("Qwen3ForCausalLM", "Qwen3Config", "qwen3", qk_norm=True),
+        MixtralFamily("MixtralForCausalLM", "MixtralConfig", "mixtral"),
     )
 }
 

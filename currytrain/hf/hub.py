@@ -19,7 +19,7 @@ from currytrain.errors import ConfigError
 log = logging.getLogger(__name__)
 
 HUB_TIMEOUT_S = 5.0
-"""Seconds the Hub gets to answer the first request before curryTrain falls back to the cache."""
+"""Seconds the Hub gets to answer the first request (name lookup included) before the cache is used."""
 
 # What an import reads from a Hub repo: the config, safetensors weights, the tokenizer and generation
 # settings (copied through to exports). Never pickled *.bin weights.
@@ -81,7 +81,7 @@ def _from_hub(repo_id: str, revision: str | None) -> Path:
                 "log in with `hf auth login` for gated models, or pass a local folder"
             )
         if isinstance(answer, BaseException) or answer is None:
-            why = "the Hub did not answer within {:.0f} s".format(HUB_TIMEOUT_S) if answer is None else f"the Hub is unreachable ({type(answer).__name__})"
+            why = f"the Hub did not answer within {HUB_TIMEOUT_S:.0f} s" if answer is None else f"the Hub is unreachable ({type(answer).__name__})"
             log.warning("%s: %s; looking in the cache %s", repo_id, why, cache)
             commit = None
         else:
@@ -110,7 +110,7 @@ def _probe(hub: Any, repo_id: str, revision: str | None) -> str | BaseException 
 
     thread = threading.Thread(target=ask, name="currytrain-hub-probe", daemon=True)
     thread.start()
-    thread.join(HUB_TIMEOUT_S + 1.0)
+    thread.join(HUB_TIMEOUT_S)
     return result[0]
 
 
