@@ -228,7 +228,7 @@ def test_unsupported_configs_are_refused(architecture, overrides, message, tmp_p
     assert not (tmp_path / "out").exists()
 
 
-def test_unsupported_sources_are_refused(tmp_path):
+def test_unsupported_sources_are_refused(tmp_path, monkeypatch):
     transformers.GPT2Config(n_embd=64, n_layer=1, n_head=4, architectures=["GPT2LMHeadModel"]).save_pretrained(tmp_path / "gpt2")
     with pytest.raises(ConfigError, match=r"unsupported architecture \['GPT2LMHeadModel'\]"):
         import_hf(str(tmp_path / "gpt2"), tmp_path / "out")
@@ -240,6 +240,10 @@ def test_unsupported_sources_are_refused(tmp_path):
 
     with pytest.raises(ConfigError, match="does not exist"):
         import_hf(str(tmp_path / "missing"), tmp_path / "out")
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="does not exist"):  # a well-formed Hub id, but runs/ is a local folder
+        import_hf("runs/missing", tmp_path / "out")
 
     make_hf_model("LlamaForCausalLM").save_pretrained(tmp_path / "hf")
     (tmp_path / "taken").mkdir()

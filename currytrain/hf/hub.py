@@ -50,7 +50,8 @@ def resolve_source(source: str, revision: str | None = None) -> Path:
         return path
     if path.exists():
         raise ConfigError(f"{source} is a file: pass the folder that holds config.json and the *.safetensors weights")
-    if not looks_like_repo_id(source):
+    # "runs/x" is also a well-formed Hub id; an existing local parent folder says a path was meant.
+    if not looks_like_repo_id(source) or ("/" in source and path.parent.is_dir()):
         raise ConfigError(f"{source} does not exist: pass an existing folder (with config.json) or a Hub id such as org/name")
     return _from_hub(source, revision)
 
