@@ -121,10 +121,10 @@ def default_import_folder(source: str) -> Path:
 
 def import_hf(source: str, out: str | Path | None = None, revision: str | None = None, overwrite: bool = False) -> Path:
     """Convert a HF checkpoint (local folder or Hub id) into an import folder; returns its path."""
-    folder = resolve_source(source, revision)
     out = Path(out) if out is not None else default_import_folder(source)
-    _check_output(out, overwrite, "--out")
+    _check_output(out, overwrite, "--out")  # before any download
     transformers = _require("transformers")
+    folder = resolve_source(source, revision)
     if not (folder / "config.json").is_file():
         raise ConfigError(f"{folder} has no config.json: pass the folder of a Hugging Face checkpoint")
     try:
