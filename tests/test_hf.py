@@ -25,6 +25,7 @@ pytest.importorskip("huggingface_hub")
 
 from safetensors.torch import load_file, save_file  # noqa: E402
 
+from conftest import launch  # noqa: E402
 from currytrain.errors import ConfigError  # noqa: E402
 from currytrain.hf import export_hf, import_hf, load_model, read_model  # noqa: E402
 from currytrain.hf.convert import SafetensorsReader, write_hf  # noqa: E402
@@ -324,11 +325,9 @@ def test_silent_hub_fails_within_seconds(tmp_path, monkeypatch):
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_run_folder_exports_to_transformers(tmp_path):
     run = tmp_path / "run"
-    overrides = [
+    trained = launch(
+        "data.max_bytes=300000",
         "trainer.max_steps=2",
-        "trainer.batch_size=4",
-        "trainer.eval_batches=1",
-        "trainer.progress=false",
         "optimizer.schedule.warmup_steps=0",
         "logger=[jsonl]",
         "model.dim=64",
@@ -338,11 +337,8 @@ def test_run_folder_exports_to_transformers(tmp_path):
         "model.mlp_hidden=96",
         "model.max_seq_len=64",
         "model.tie_embeddings=true",
-        "data.seq_len=32",
         f"hydra.run.dir={run}",
-    ]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    trained = subprocess.run([sys.executable, "launch.py", *overrides], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    )
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert (run / "checkpoints" / "step_2" / "COMPLETE").is_file()
 

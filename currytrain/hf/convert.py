@@ -206,7 +206,7 @@ def _load_checkpoint(node: dict[str, Any], checkpoint: Path) -> dict[str, torch.
     model = build(OmegaConf.create(node))
     state = model.state_dict()
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-        warnings.simplefilter("ignore", UserWarning)
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load({"train": {"model": state}}, checkpoint_id=str(checkpoint), no_dist=True)
     if node.get("tie_embeddings"):
         state.pop("output.weight", None)
