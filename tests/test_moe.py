@@ -110,6 +110,12 @@ def test_drop_rate_is_exact(capacity_factor, drop_rate):
     torch.testing.assert_close(out, per_token_reference(moe, x), rtol=0, atol=1e-12)
 
 
+def test_capacity_is_the_ceiling_of_the_exact_product():
+    moe = MoE(dim=4, num_experts=4, top_k=2, expert_hidden=8, capacity_factor=1.1)
+    assert moe.capacity(200) == 110  # 1.1 * 100 is 110.00000000000001 in floating point
+    assert moe.capacity(202) == 112  # 1.1 * 101 = 111.1
+
+
 def test_full_expert_drops_second_choices_before_first_choices():
     # Capacity 4: experts 0 and 1 each keep the four tokens that chose them first, so every token
     # keeps exactly its first choice. Dropping by token order alone would drop tokens 4-7 entirely.

@@ -172,9 +172,9 @@ class GroupedExperts(nn.Module):
     def forward_grouped(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """x: (N, dim) rows grouped by expert, counts[e] rows for expert e -> (N, dim). No padding."""
         outputs = []
-        for e, rows in enumerate(x.split(counts)):
-            hidden = F.silu(F.linear(rows, self.w1[e])) * F.linear(rows, self.w3[e])
-            outputs.append(F.linear(hidden, self.w2[e]))
+        # unbind, not w1[e]: its backward stacks once instead of accumulating a full-size zero gradient per expert.
+        for rows, w1, w3, w2 in zip(x.split(counts), self.w1.unbind(0), self.w3.unbind(0), self.w2.unbind(0)):
+            outputs.append(F.linear(F.silu(F.linear(rows, w1)) * F.linear(rows, w3), w2))
         return torch.cat(outputs)
 
 
@@ -219,7 +219,9 @@ class MoE(nn.Module):
         """Slots per expert for a forward pass over num_tokens tokens; None when dropless."""
         if self.capacity_factor == 0:
             return None
-        return math.ceil(self.capacity_factor * num_tokens * self.top_k / self.num_experts)
+        balanced_load = num_tokens * self.top_k / self.num_experts
+        # Rounding first keeps e.g. 1.1 * 110 = 121.00000000000001 from becoming 122 slots.
+        return math.ceil(round(self.capacity_factor * balanced_load, 9))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -229,7 +231,7 @@ class MoE(nn.Module):
         dispatch = build_dispatch(routing.indices, routing.weights, self.num_experts, self.capacity(num_tokens))
         if dispatch.capacity is None:
             # Dropless: each expert's rows are a contiguous slice; the split sizes need one host sync.
-            out = self.experts.forward_grouped(x[dispatch.token], dispatch.counts.tolist())
+            out = self.experts.forward_grouped(x.index_select(0, dispatch.token), dispatch.counts.tolist())
         else:
             out = self._run_padded(x, dispatch)
         contributions = out * dispatch.weight.to(out.dtype).unsqueeze(-1)
@@ -253,9 +255,9 @@ class MoE(nn.Module):
         slot_token = torch.full((num_slots + 1,), num_tokens, dtype=torch.long, device=x.device)
         slot_token[dispatch.slot] = dispatch.token
         x_padded = torch.cat([x, x.new_zeros(1, dim)])
-        buffer = x_padded[slot_token[:num_slots]].view(self.num_experts, dispatch.capacity, dim)
+        buffer = x_padded.index_select(0, slot_token[:num_slots]).view(self.num_experts, dispatch.capacity, dim)
         out = self.experts(buffer).view(num_slots, dim)
-        return torch.cat([out, out.new_zeros(1, dim)])[dispatch.slot]
+        return torch.cat([out, out.new_zeros(1, dim)]).index_select(0, dispatch.slot)
 
 
 class MoEBlock(nn.Module):
