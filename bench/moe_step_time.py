@@ -22,9 +22,9 @@ from hydra import compose, initialize_config_dir
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from currytrain.benchmark import run_accumulated_step  # noqa: E402
 from currytrain.build import build  # noqa: E402
 from currytrain.config import register_configs  # noqa: E402
-from currytrain.trainer.step import run_accumulated_step  # noqa: E402
 
 
 def build_setup(overrides: list[str]):

@@ -4,21 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
 from currytrain.build import build
-from currytrain.config import register_configs
 from currytrain.model.moe import MoE, MoETransformer, TopKRouter, build_dispatch, load_balancing_loss
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def tiny_model(**overrides) -> MoETransformer:
@@ -254,17 +246,8 @@ def test_training_metrics_and_auxiliary_loss_agree():
     assert model.auxiliary_loss().item() == pytest.approx(weighted, rel=1e-6)
 
 
-@pytest.fixture
-def compose_moe():
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        yield lambda *overrides: compose(config_name="config", overrides=["model=moe", *overrides])
-    GlobalHydra.instance().clear()
-
-
-def test_parameter_layout_is_the_one_the_hf_bridge_maps(compose_moe):
-    cfg = compose_moe("model/size=debug", "model.n_layers=2", "model.shared_expert=true")
+def test_parameter_layout_is_the_one_the_hf_bridge_maps(compose_cfg):
+    cfg = compose_cfg("model=moe", "model.n_layers=2", "model.shared_expert=true", tiny=False)
     model = build(cfg.model)
     m = cfg.model
     dim, hidden, experts = m.dim, m.expert_hidden, m.num_experts
@@ -291,24 +274,17 @@ def test_parameter_layout_is_the_one_the_hf_bridge_maps(compose_moe):
     assert {name: tuple(t.shape) for name, t in model.state_dict().items()} == expected
 
 
-def test_launch_model_moe_trains_and_logs_moe_metrics(tmp_path):
+def test_launch_model_moe_trains_and_logs_moe_metrics(run_launch, tmp_path):
     run_dir = tmp_path / "run"
-    overrides = [
+    result = run_launch(
         "model=moe",
         "trainer.max_steps=20",
-        "optimizer.schedule.warmup_steps=2",
         "trainer.eval_every=10",
-        "trainer.eval_batches=2",
         "trainer.batch_size=8",
-        "trainer.log_every=1",
-        "trainer.progress=false",
-        "model.n_layers=1",
-        "data.seq_len=64",
         "data.max_bytes=1000000",
         "logger=[jsonl]",
         f"hydra.run.dir={run_dir}",
-    ]
-    result = subprocess.run([sys.executable, "launch.py", *overrides], cwd=REPO, capture_output=True, text=True, timeout=300)
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [line for line in lines if "train/loss" in line]
@@ -316,6 +292,8 @@ def test_launch_model_moe_trains_and_logs_moe_metrics(tmp_path):
     losses = [line["train/loss"] for line in train]
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
     assert losses[0] == pytest.approx(math.log(256), abs=0.2)  # an untrained model is near uniform
+    val = [line["val/loss"] for line in lines if "val/loss" in line]
+    assert len(val) == 2 and val[1] < val[0]
     for line in train:
         loads = [line[f"moe/layer0/load/e{j}"] for j in range(4)]
         assert sum(loads) == pytest.approx(1.0)
