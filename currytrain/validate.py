@@ -20,6 +20,7 @@ DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16")
 SCHEDULE_KINDS = ("cosine", "linear", "constant")
 BYTE_VOCAB = 256
+MOE_GATINGS = ("softmax", "sigmoid")  # mirrors currytrain.model.moe.GATINGS; validation stays torch-free
 
 
 def _divisors(n: int) -> list[int]:
@@ -44,6 +45,22 @@ def _check_model(model: DictConfig, problems: list[str]) -> None:
             f"model.n_kv_heads={model.n_kv_heads} does not divide model.n_heads={model.n_heads}: "
             f"choose model.n_kv_heads in {_divisors(model.n_heads)}"
         )
+
+
+def _check_moe(model: DictConfig, problems: list[str]) -> None:
+    """Routing fields of model=moe (present exactly when the model has routed experts)."""
+    for key in ("num_experts", "top_k", "expert_hidden"):
+        if model[key] < 1:
+            problems.append(f"model.{key}={model[key]} must be >= 1: pass model.{key}=<positive int>")
+    if model.num_experts >= 1 and not 1 <= model.top_k <= model.num_experts:
+        problems.append(f"model.top_k={model.top_k} must be in [1, model.num_experts={model.num_experts}]: pass model.top_k={min(2, model.num_experts)}")
+    if model.gating not in MOE_GATINGS:
+        problems.append(f"model.gating={model.gating} is not one of {list(MOE_GATINGS)}: pass model.gating=softmax")
+    if model.capacity_factor < 0:
+        problems.append(f"model.capacity_factor={model.capacity_factor} must be >= 0 (0 is dropless): pass model.capacity_factor=1.25 or 0")
+    for key in ("aux_loss_coef", "z_loss_coef"):
+        if model[key] < 0:
+            problems.append(f"model.{key}={model[key]} must be >= 0 (0 disables it): pass model.{key}=0")
 
 
 def _check_data(cfg: DictConfig, problems: list[str]) -> None:
@@ -131,6 +148,8 @@ def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
     problems: list[str] = []
     try:
         _check_model(cfg.model, problems)
+        if "num_experts" in cfg.model:
+            _check_moe(cfg.model, problems)
         _check_data(cfg, problems)
         _check_optimizer(cfg.optimizer, problems)
         _check_trainer(cfg.trainer, cfg.optimizer.schedule, problems)
