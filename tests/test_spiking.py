@@ -185,11 +185,11 @@ def test_config_builds_the_model_and_validation_names_each_bad_field():
 
 def test_launch_trains_and_logs_spike_rates(tmp_path):
     run_dir = tmp_path / "run"
-    command = [
-        sys.executable, "launch.py", "model=spiking",
-        "trainer.max_steps=30", "optimizer.schedule.warmup_steps=3", "trainer.eval_every=15", "trainer.eval_batches=4",
-        "trainer.batch_size=8", "trainer.log_every=1", "trainer.progress=false", f"hydra.run.dir={run_dir}",
-    ]  # fmt: skip
+    overrides = (
+        "model=spiking trainer.max_steps=30 optimizer.schedule.warmup_steps=3 trainer.eval_every=15 "
+        "trainer.eval_batches=4 trainer.batch_size=8 trainer.log_every=1 trainer.progress=false"
+    ).split()
+    command = [sys.executable, "launch.py", *overrides, f"hydra.run.dir={run_dir}"]
     # One intra-op thread: on a shared 2-core machine, two OpenMP threads competing with other jobs spin
     # and run >10x slower; one thread keeps this test near 20 s either way (the losses are identical).
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -53,7 +53,8 @@ class SpikingConfig(DecoderConfig):
 
     Every linear layer reads binary spike trains; the residual stream stays real-valued and is averaged
     over the timesteps before the output head. Attention has no softmax and no RoPE (spike-valued Q/K
-    cannot be rotated): positions come from the causal mask alone, so `rope_theta` is unused here.
+    cannot be rotated): positions come from the causal mask alone, so `rope_theta` is unused here and
+    `max_seq_len` only bounds data.seq_len. `mlp_hidden` is the width of the spiking MLP (no gate).
     """
 
     _target_: str = "currytrain.model.spiking.SpikingTransformer"

@@ -165,8 +165,8 @@ class SpikingSelfAttention(nn.Module):
     """Causal spiking self-attention: binary Q, K, V; scores Q K^T without softmax, masked to the past.
 
     For query position i the output is the mean over visible keys j <= i of (q_i . k_j) v_j, divided by
-    head_dim, so it lies in [0, 1] whatever the position (and stays exact in bf16); an RMSNorm and an
-    LIF turn it back into spikes before the output projection.
+    head_dim, so it lies in [0, 1] whatever the position; an RMSNorm and an LIF turn it back into spikes
+    before the output projection.
     """
 
     def __init__(self, dim: int, n_heads: int, n_kv_heads: int, norm_eps: float, neuron: dict):
