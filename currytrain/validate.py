@@ -14,6 +14,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from currytrain.errors import ConfigError
+from currytrain.model.config import SPIKE_RESETS, SPIKE_SURROGATES
 
 EXIT_CONFIG_ERROR = 2
 DEVICES = ("auto", "cpu", "cuda")
@@ -61,6 +62,22 @@ def _check_moe(model: DictConfig, problems: list[str]) -> None:
     for key in ("aux_loss_coef", "z_loss_coef"):
         if model[key] < 0:
             problems.append(f"model.{key}={model[key]} must be >= 0 (0 disables it): pass model.{key}=0")
+
+
+def _check_spiking(model: DictConfig, problems: list[str]) -> None:
+    """The LIF neuron fields of model=spiking."""
+    if model.timesteps < 1:
+        problems.append(f"model.timesteps={model.timesteps} must be >= 1: pass model.timesteps=4")
+    if model.tau < 1:
+        problems.append(f"model.tau={model.tau} must be >= 1 (timesteps; 1 keeps no memory): pass model.tau=2.0")
+    if model.threshold <= 0:
+        problems.append(f"model.threshold={model.threshold} must be > 0: pass model.threshold=1.0")
+    if model.reset not in SPIKE_RESETS:
+        problems.append(f"model.reset={model.reset} is not one of {list(SPIKE_RESETS)}: pass model.reset=soft")
+    if model.surrogate not in SPIKE_SURROGATES:
+        problems.append(f"model.surrogate={model.surrogate} is not one of {list(SPIKE_SURROGATES)}: pass model.surrogate=sigmoid")
+    if model.surrogate_slope <= 0:
+        problems.append(f"model.surrogate_slope={model.surrogate_slope} must be > 0: pass model.surrogate_slope=4.0")
 
 
 def _check_data(cfg: DictConfig, problems: list[str]) -> None:
@@ -150,6 +167,8 @@ def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         _check_model(cfg.model, problems)
         if "num_experts" in cfg.model:
             _check_moe(cfg.model, problems)
+        if "surrogate" in cfg.model:
+            _check_spiking(cfg.model, problems)
         _check_data(cfg, problems)
         _check_optimizer(cfg.optimizer, problems)
         _check_trainer(cfg.trainer, cfg.optimizer.schedule, problems)
