@@ -16,7 +16,7 @@ from currytrain.abort.config import NoAbortConfig
 from currytrain.check.config import NoCheckConfig
 from currytrain.data.config import StdlibBytesConfig, SyntheticConfig, TextConfig
 from currytrain.logger.config import JsonlConfig, TensorBoardConfig
-from currytrain.model.config import GQAConfig
+from currytrain.model.config import GQAConfig, MoEConfig, SpikingConfig
 from currytrain.optim.config import AdamWConfig, SGDConfig
 from currytrain.parallel.config import SingleConfig
 from currytrain.sweep.config import NoSweepConfig
@@ -24,7 +24,7 @@ from currytrain.trainer.config import TrainerConfig
 
 # group -> option name -> schema. The YAML option <group>/<name>.yaml extends /schema/<group>/<name>.
 SCHEMAS: dict[str, dict[str, type]] = {
-    "model": {"gqa": GQAConfig},
+    "model": {"gqa": GQAConfig, "moe": MoEConfig, "spiking": SpikingConfig},
     "data": {"bytes": StdlibBytesConfig, "text": TextConfig, "synthetic": SyntheticConfig},
     "parallel": {"single": SingleConfig},
     "optimizer": {"adamw": AdamWConfig, "sgd": SGDConfig},

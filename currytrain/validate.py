@@ -14,13 +14,14 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from currytrain.errors import ConfigError
-from currytrain.model.config import AC_MODES, AC_POLICIES
+from currytrain.model.config import AC_MODES, AC_POLICIES, SPIKE_RESETS, SPIKE_SURROGATES
 
 EXIT_CONFIG_ERROR = 2
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16")
 SCHEDULE_KINDS = ("cosine", "linear", "constant")
 BYTE_VOCAB = 256
+MOE_GATINGS = ("softmax", "sigmoid")  # mirrors currytrain.model.moe.GATINGS; validation stays torch-free
 
 
 def _divisors(n: int) -> list[int]:
@@ -66,6 +67,38 @@ def _check_mup_optimizer(cfg: DictConfig, problems: list[str]) -> None:
     # Adam-family optimizers are the ones with betas; muP's per-layer rules here are Adam's.
     if cfg.model.get("mup", False) and "betas" not in cfg.optimizer:
         problems.append(f"model.mup=true sets Adam's per-layer learning rates, but optimizer builds {cfg.optimizer._target_}: pass optimizer=adamw, or model.mup=false")
+
+
+def _check_moe(model: DictConfig, problems: list[str]) -> None:
+    """Routing fields of model=moe (present exactly when the model has routed experts)."""
+    for key in ("num_experts", "top_k", "expert_hidden"):
+        if model[key] < 1:
+            problems.append(f"model.{key}={model[key]} must be >= 1: pass model.{key}=<positive int>")
+    if model.num_experts >= 1 and not 1 <= model.top_k <= model.num_experts:
+        problems.append(f"model.top_k={model.top_k} must be in [1, model.num_experts={model.num_experts}]: pass model.top_k={min(2, model.num_experts)}")
+    if model.gating not in MOE_GATINGS:
+        problems.append(f"model.gating={model.gating} is not one of {list(MOE_GATINGS)}: pass model.gating=softmax")
+    if model.capacity_factor < 0:
+        problems.append(f"model.capacity_factor={model.capacity_factor} must be >= 0 (0 is dropless): pass model.capacity_factor=1.25 or 0")
+    for key in ("aux_loss_coef", "z_loss_coef"):
+        if model[key] < 0:
+            problems.append(f"model.{key}={model[key]} must be >= 0 (0 disables it): pass model.{key}=0")
+
+
+def _check_spiking(model: DictConfig, problems: list[str]) -> None:
+    """The LIF neuron fields of model=spiking."""
+    if model.timesteps < 1:
+        problems.append(f"model.timesteps={model.timesteps} must be >= 1: pass model.timesteps=4")
+    if model.tau < 1:
+        problems.append(f"model.tau={model.tau} must be >= 1 (timesteps; 1 keeps no memory): pass model.tau=2.0")
+    if model.threshold <= 0:
+        problems.append(f"model.threshold={model.threshold} must be > 0: pass model.threshold=1.0")
+    if model.reset not in SPIKE_RESETS:
+        problems.append(f"model.reset={model.reset} is not one of {list(SPIKE_RESETS)}: pass model.reset=soft")
+    if model.surrogate not in SPIKE_SURROGATES:
+        problems.append(f"model.surrogate={model.surrogate} is not one of {list(SPIKE_SURROGATES)}: pass model.surrogate=sigmoid")
+    if model.surrogate_slope <= 0:
+        problems.append(f"model.surrogate_slope={model.surrogate_slope} must be > 0: pass model.surrogate_slope=4.0")
 
 
 def _check_data(cfg: DictConfig, problems: list[str]) -> None:
@@ -153,6 +186,10 @@ def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
     problems: list[str] = []
     try:
         _check_model(cfg.model, problems)
+        if "num_experts" in cfg.model:
+            _check_moe(cfg.model, problems)
+        if "surrogate" in cfg.model:
+            _check_spiking(cfg.model, problems)
         _check_data(cfg, problems)
         _check_optimizer(cfg.optimizer, problems)
         _check_mup_optimizer(cfg, problems)

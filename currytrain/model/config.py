@@ -64,3 +64,79 @@ class GQAConfig(DecoderConfig):
     """Llama-style decoder: grouped-query attention, RoPE, RMSNorm, SwiGLU MLP."""
 
     _target_: str = "currytrain.model.gqa.GQATransformer"
+    qkv_bias: bool = False
+    """Give the query/key/value projections a bias (Qwen2); the output projection never has one."""
+    qk_norm: bool = False
+    """RMS-normalise each query and key head (learned gain of size dim/n_heads) before RoPE (Qwen3)."""
+
+
+@dataclass
+class MoEConfig(DecoderConfig):
+    """Decoder whose MLPs are mixture-of-experts blocks: a top-k router over a bank of SwiGLU experts.
+
+    Attention, norms and embeddings are those of the GQA decoder. The size group's mlp_hidden is the
+    width of the optional shared expert; routed experts have their own width, expert_hidden.
+    """
+
+    _target_: str = "currytrain.model.moe.MoETransformer"
+    num_experts: int = 4
+    """Routed experts per MoE layer."""
+    top_k: int = 2
+    """Experts each token is sent to; 1 <= top_k <= num_experts."""
+    expert_hidden: int = 192
+    """Hidden width of each routed SwiGLU expert. top_k * expert_hidden == mlp_hidden gives the dense
+    model's active MLP FLOPs per token (192 = 384 / 2 at the debug size)."""
+    gating: str = "softmax"
+    """Router score function: softmax (over all experts; Mixtral, Switch) or sigmoid (per expert; DeepSeek-V3)."""
+    renormalize: bool = True
+    """Rescale each token's top-k weights to sum to 1. With top_k=1 and softmax this makes every weight 1,
+    so the router then learns from the auxiliary losses only."""
+    capacity_factor: float = 0.0
+    """Slots per expert as a multiple of the balanced load, capacity = ceil(factor * tokens * top_k /
+    num_experts) per forward pass; assignments beyond it are dropped (the token keeps its residual).
+    0 is dropless: every assignment is computed."""
+    aux_loss_coef: float = 0.01
+    """Weight of the load-balancing loss (Switch/GShard; 1.0 when perfectly balanced), per MoE layer, summed over layers."""
+    z_loss_coef: float = 0.001
+    """Weight of the router z-loss (ST-MoE: mean squared logsumexp of the router logits), per layer, summed."""
+    shared_expert: bool = False
+    """Add a dense SwiGLU of width mlp_hidden that every token passes through, next to the routed experts."""
+
+
+SPIKE_SURROGATES = ("sigmoid", "atan", "triangle")
+"""Surrogate derivatives the spiking family offers (model.surrogate); spiking.py implements each."""
+SPIKE_RESETS = ("soft", "hard")
+"""Membrane resets after a spike (model.reset)."""
+
+
+@dataclass
+class SpikingConfig(DecoderConfig):
+    """Spikformer-style decoder of leaky integrate-and-fire (LIF) neurons, run for `timesteps` steps per token.
+
+    Every linear layer reads binary spike trains; the residual stream stays real-valued and is averaged
+    over the timesteps before the output head. Attention has no softmax and no RoPE (spike-valued Q/K
+    cannot be rotated): positions come from the causal mask alone, so `rope_theta` is unused here and
+    `max_seq_len` only bounds data.seq_len. `mlp_hidden` is the width of the spiking MLP (no gate).
+    """
+
+    _target_: str = "currytrain.model.spiking.SpikingTransformer"
+    timesteps: int = 4
+    """Simulation steps T each token is presented for (the same input current every step); compute and
+    activation memory grow linearly with T. Must be >= 1."""
+    tau: float = 2.0
+    """Membrane time constant, in timesteps: each step the membrane keeps 1 - 1/tau of its potential
+    before the new input is added (tau=1: no memory; tau=2: halves). Must be >= 1."""
+    threshold: float = 1.0
+    """Membrane potential at which a neuron spikes (fires when potential >= threshold). Inputs to every
+    neuron are RMS-normalised per token, so the unit is one RMS of the input current. Must be > 0."""
+    reset: str = "soft"
+    """After a spike: soft subtracts the threshold (the excess carries over), hard sets the membrane to 0."""
+    surrogate: str = "sigmoid"
+    """Pseudo-derivative of the spike used in backward: sigmoid, atan or triangle (the forward stays a step)."""
+    surrogate_slope: float = 4.0
+    """Sharpness alpha of the surrogate, per unit of membrane potential: the pseudo-derivative at the
+    threshold is alpha/4 (sigmoid), alpha/2 (atan) or alpha (triangle, zero beyond 1/alpha); each
+    integrates to 1. Must be > 0."""
+    detach_reset: bool = True
+    """Stop gradients through the reset (the spike that lowers the membrane), as Spikformer does; the
+    membrane still leaks gradient through time."""

@@ -14,10 +14,22 @@ from currytrain.model.layers import Attention, RMSNorm, SwiGLU, build_rope_cache
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, mlp_hidden: int, norm_eps: float, attention_scale: float | None = None):
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        n_kv_heads: int,
+        mlp_hidden: int,
+        norm_eps: float,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        attention_scale: float | None = None,
+    ):
         super().__init__()
         self.attention_norm = RMSNorm(dim, norm_eps)
-        self.attention = Attention(dim, n_heads, n_kv_heads, softmax_scale=attention_scale)
+        self.attention = Attention(
+            dim, n_heads, n_kv_heads, qkv_bias=qkv_bias, qk_norm=qk_norm, norm_eps=norm_eps, softmax_scale=attention_scale
+        )
         self.mlp_norm = RMSNorm(dim, norm_eps)
         self.mlp = SwiGLU(dim, mlp_hidden)
 
@@ -42,6 +54,8 @@ class GQATransformer(nn.Module):
         norm_eps: float = 1e-5,
         tie_embeddings: bool = False,
         init_std: float = 0.02,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
         mup: bool = False,
         mup_base_width: int = 128,
     ):
@@ -58,7 +72,8 @@ class GQATransformer(nn.Module):
         attention_scale = 1.0 / math.sqrt(head_dim * self.width_multiplier) if mup else None
         self.tok_embeddings = nn.Embedding(vocab_size, dim)
         self.layers = nn.ModuleList(
-            Block(dim, n_heads, n_kv_heads, mlp_hidden, norm_eps, attention_scale) for _ in range(n_layers)
+            Block(dim, n_heads, n_kv_heads, mlp_hidden, norm_eps, qkv_bias=qkv_bias, qk_norm=qk_norm, attention_scale=attention_scale)
+            for _ in range(n_layers)
         )
         self.norm = RMSNorm(dim, norm_eps)
         self.output = nn.Linear(dim, vocab_size, bias=False)
@@ -83,6 +98,8 @@ class GQATransformer(nn.Module):
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 std = self.init_std * hidden_scale if id(module) in hidden else self.init_std
                 nn.init.normal_(module.weight, std=std)
+                if getattr(module, "bias", None) is not None:  # qkv_bias
+                    nn.init.zeros_(module.bias)
             elif isinstance(module, RMSNorm):
                 module.reset_parameters()
         # Projections that write into the residual stream are scaled down with depth (GPT-2), so

@@ -50,26 +50,41 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class Attention(nn.Module):
     """Causal grouped-query attention: n_kv_heads key/value heads shared by groups of query heads.
 
+    Two optional variants (both off by default, adding no parameters): qkv_bias gives the q/k/v
+    projections a bias (Qwen2), qk_norm RMS-normalises each query and key head before RoPE (Qwen3).
     softmax_scale multiplies q.k before the softmax; None is the usual 1/sqrt(head_dim) (muP passes its own).
     """
 
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, softmax_scale: float | None = None):
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        n_kv_heads: int,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        norm_eps: float = 1e-5,
+        softmax_scale: float | None = None,
+    ):
         super().__init__()
         assert dim % n_heads == 0 and n_heads % n_kv_heads == 0
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
         self.head_dim = dim // n_heads
         self.softmax_scale = softmax_scale
-        self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=qkv_bias)
+        self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=qkv_bias)
+        self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=qkv_bias)
         self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, norm_eps) if qk_norm else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, seq_len, _ = x.shape
         q = self.wq(x).view(batch, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(batch, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(batch, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if self.n_kv_heads != self.n_heads:
             # Expanding k/v explicitly keeps every SDPA backend available (enable_gqa is not on all of them).

@@ -1,0 +1,77 @@
+"""Median optimizer-step time of model=moe against model=gqa (the baseline), measured in the same process.
+
+    python bench/moe_step_time.py                          # debug size, trainer.batch_size=32, seq 128
+    python bench/moe_step_time.py --steps 20 --threads 1 -- model.capacity_factor=1.25
+
+Extra arguments are Hydra overrides applied to the MoE config only (the GQA baseline stays at its defaults,
+apart from the shared size and data overrides in --common). Steps of the two models alternate, so load
+from other processes on a shared machine slows both alike; the ratio is the figure to read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from currytrain.benchmark import run_accumulated_step  # noqa: E402
+from currytrain.build import build  # noqa: E402
+from currytrain.config import register_configs  # noqa: E402
+from currytrain.model import build_model  # noqa: E402
+
+
+def build_setup(overrides: list[str]):
+    cfg = compose(config_name="config", overrides=overrides)
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model)
+    optimizer = build(cfg.optimizer, exclude=["schedule"], model=model)
+    data = build(cfg.data)
+    return model, optimizer, data
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=10, help="measured steps per model")
+    parser.add_argument("--warmup", type=int, default=3, help="unmeasured steps per model first")
+    parser.add_argument("--batch-size", type=int, default=32, help="sequences per step")
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads; 0 keeps torch's default")
+    parser.add_argument("--common", nargs="*", default=["model/size=debug", "data=synthetic"], help="overrides for both models")
+    parser.add_argument("moe_overrides", nargs="*", help="Hydra overrides for the MoE model only")
+    args = parser.parse_args()
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        setups = {
+            "gqa": build_setup(["model=gqa", *args.common]),
+            "moe": build_setup(["model=moe", *args.common, *args.moe_overrides]),
+        }
+    times: dict[str, list[float]] = {name: [] for name in setups}
+    for step in range(args.warmup + args.steps):
+        for name, (model, optimizer, data) in setups.items():
+            batch = data.batch("train", step, 0, args.batch_size)
+            tic = time.perf_counter()
+            run_accumulated_step(model, optimizer, [batch], grad_clip=1.0)
+            if step >= args.warmup:
+                times[name].append(time.perf_counter() - tic)
+
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch_size} x seq {batch[0].shape[1]}")
+    medians = {}
+    for name, (model, _, _) in setups.items():
+        medians[name] = statistics.median(times[name])
+        num_params = sum(p.numel() for p in model.parameters())
+        print(f"{name}: {num_params / 1e6:.2f}M params, median step {medians[name] * 1e3:.1f} ms over {args.steps} steps")
+    print(f"moe / gqa step time: {medians['moe'] / medians['gqa']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

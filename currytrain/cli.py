@@ -1,0 +1,73 @@
+"""The `currytrain` console script: the actions that are not one training run (launch.py runs those).
+
+    currytrain hf import SRC [--out DIR]     a Hugging Face checkpoint (folder or Hub id) -> curryTrain folder
+    currytrain hf export RUN OUTDIR          a curryTrain run or import folder -> Hugging Face folder
+
+Each subcommand imports its machinery only when it runs, so `currytrain --help` stays instant.
+A user error (ConfigError) prints one message and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from currytrain.errors import ConfigError
+
+EXIT_CONFIG_ERROR = 2
+
+
+def _hf_import(args: argparse.Namespace) -> None:
+    from currytrain.hf import import_hf
+
+    out = import_hf(args.src, args.out, revision=args.revision, overwrite=args.overwrite)
+    print(f"imported {args.src} -> {out} (model.yaml + model.safetensors)")
+
+
+def _hf_export(args: argparse.Namespace) -> None:
+    from currytrain.hf import export_hf
+
+    out = export_hf(args.run, args.outdir, dtype=args.dtype, overwrite=args.overwrite)
+    print(f"exported {args.run} -> {out} (config.json + model.safetensors): transformers.AutoModelForCausalLM.from_pretrained('{out}')")
+
+
+def _add_hf(commands: argparse._SubParsersAction) -> None:
+    hf = commands.add_parser("hf", help="convert weights from and to Hugging Face transformers (docs/hf.md)")
+    actions = hf.add_subparsers(dest="action", required=True, metavar="{import,export}")
+
+    load = actions.add_parser("import", help="a HF checkpoint -> model.yaml + model.safetensors in curryTrain names")
+    load.add_argument("src", help="a local folder with config.json and *.safetensors, or a Hub id such as org/name")
+    load.add_argument("--out", default=None, help="output folder (default: runs/hf/<name of SRC>)")
+    load.add_argument("--revision", default=None, help="Hub branch, tag or commit (default: main)")
+    load.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    load.set_defaults(handler=_hf_import)
+
+    save = actions.add_parser("export", help="a run folder (latest complete checkpoint) or import folder -> HF folder")
+    save.add_argument("run", help="a run folder, one of its checkpoints/step_N folders, or an import folder")
+    save.add_argument("outdir", help="output folder for config.json + model.safetensors")
+    save.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None, help="cast the weights (default: as stored)")
+    save.add_argument("--overwrite", action="store_true", help="replace OUTDIR if it exists")
+    save.set_defaults(handler=_hf_export)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="currytrain", description="curryTrain actions besides training (python launch.py trains).")
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_hf(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        args.handler(args)
+    except ConfigError as error:
+        print(f"curryTrain: {error}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""Import (Hugging Face folder -> curryTrain folder) and export (curryTrain run or import folder -> HF folder).
+
+An import folder:
+
+    model.yaml          the model group node (_target_ + fields), buildable with currytrain.build.build
+    model.safetensors   the weights under curryTrain parameter names, in the source's dtype
+    hf/                 the source's config.json, generation_config.json and tokenizer files, verbatim
+    import.json         provenance: source, architecture, parameter count
+
+Weights move through safetensors only; nothing is unpickled. Folders are written under a temporary
+name and renamed into place, so an interrupted command leaves no half-written output.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from currytrain.errors import ConfigError
+from currytrain.hf.families import FAMILIES, IGNORED_SUFFIXES, Family, family_for_model
+from currytrain.hf.hub import resolve_source
+
+log = logging.getLogger(__name__)
+
+MODEL_YAML = "model.yaml"
+WEIGHTS = "model.safetensors"
+HF_DIR = "hf"
+PROVENANCE = "import.json"
+RESOLVED = "resolved.yaml"
+INDEX = "model.safetensors.index.json"
+# Files an export copies from an import folder's hf/ (the tokenizer and generation settings).
+PASSTHROUGH = ("generation_config.json", "tokenizer*", "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template*")
+TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _require(module: str) -> Any:
+    try:
+        return __import__(module, fromlist=["_"])
+    except ImportError:
+        raise ConfigError(f"the HF bridge needs {module}: pip install 'currytrain[hf]'") from None
+
+
+# ---------------------------------------------------------------------------------------------- import
+
+
+class SafetensorsReader:
+    """The tensors of a HF folder, one file or sharded by model.safetensors.index.json, read on demand."""
+
+    def __init__(self, folder: Path):
+        safetensors = _require("safetensors")
+        index = folder / INDEX
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = {name: folder / shard for name, shard in weight_map.items()}
+        elif (folder / WEIGHTS).is_file():
+            with safetensors.safe_open(folder / WEIGHTS, framework="pt") as handle:
+                files = {name: folder / WEIGHTS for name in handle.keys()}
+        else:
+            pickled = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt*"))
+            hint = f" (found only {pickled[:3]}; curryTrain never unpickles weights: convert them to safetensors first)" if pickled else ""
+            raise ConfigError(f"{folder} has neither {WEIGHTS} nor {INDEX}{hint}")
+        self.files = files
+        self._open: dict[Path, Any] = {}
+        self._safe_open = safetensors.safe_open
+
+    def keys(self) -> set[str]:
+        return set(self.files)
+
+    def __call__(self, name: str) -> torch.Tensor:
+        path = self.files[name]
+        if path not in self._open:
+            if not path.is_file():
+                raise ConfigError(f"{path} is listed in {INDEX} but missing: download the checkpoint again")
+            self._open[path] = self._safe_open(path, framework="pt")
+        return self._open[path].get_tensor(name)
+
+
+def _family_of(hf_config: Any) -> Family:
+    architectures = list(getattr(hf_config, "architectures", None) or [])
+    for name in architectures:
+        if name in FAMILIES:
+            return FAMILIES[name]
+    if not architectures:  # older or hand-written configs: the model type alone decides
+        for family in FAMILIES.values():
+            if family.model_type == getattr(hf_config, "model_type", None):
+                return family
+    found = architectures or [f"model_type={getattr(hf_config, 'model_type', '?')}"]
+    raise ConfigError(f"unsupported architecture {found}: curryTrain imports {list(FAMILIES)}")
+
+
+def _check_against_model(node: dict[str, Any], state: dict[str, torch.Tensor], what: str) -> None:
+    """Build the curryTrain model on the meta device and compare names and shapes with `state`."""
+    from currytrain.build import build
+
+    with torch.device("meta"):
+        model = build(OmegaConf.create(node))
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    if node.get("tie_embeddings"):
+        expected.pop("output.weight", None)
+    got = {name: tuple(t.shape) for name, t in state.items()}
+    problems = [f"missing {n}" for n in sorted(set(expected) - set(got))]
+    problems += [f"unexpected {n}" for n in sorted(set(got) - set(expected))]
+    problems += [f"{n}: shape {got[n]} != {expected[n]}" for n in sorted(set(got) & set(expected)) if got[n] != expected[n]]
+    if problems:
+        raise ConfigError(f"{what} does not fit {node['_target_']}: " + "; ".join(problems[:8]))
+
+
+def default_import_folder(source: str) -> Path:
+    """runs/hf/<last path component of the folder or Hub id>, inside the git-ignored runs/."""
+    return Path("runs") / "hf" / Path(source.rstrip("/")).expanduser().name
+
+
+def import_hf(source: str, out: str | Path | None = None, revision: str | None = None, overwrite: bool = False) -> Path:
+    """Convert a HF checkpoint (local folder or Hub id) into an import folder; returns its path."""
+    out = Path(out) if out is not None else default_import_folder(source)
+    _check_output(out, overwrite, "--out")  # before any download
+    transformers = _require("transformers")
+    folder = resolve_source(source, revision)
+    if not (folder / "config.json").is_file():
+        raise ConfigError(f"{folder} has no config.json: pass the folder of a Hugging Face checkpoint")
+    try:
+        hf_config = transformers.AutoConfig.from_pretrained(folder)
+    except (ValueError, KeyError, OSError) as error:
+        raise ConfigError(f"{folder}/config.json cannot be read by transformers {transformers.__version__}: {error}") from None
+    family = _family_of(hf_config)
+    problems = family.problems(hf_config)
+    if problems:
+        raise ConfigError(f"{source} ({family.architecture}) cannot be imported exactly: " + "; ".join(problems))
+    node = family.model_node(hf_config)
+
+    reader = SafetensorsReader(folder)
+    available = reader.keys()
+    state, used, missing = family.to_currytrain(reader, available, node)
+    ignored = {n for n in available if n.endswith(IGNORED_SUFFIXES) or (node["tie_embeddings"] and n == "lm_head.weight")}
+    unexpected = sorted(available - used - ignored)
+    if missing or unexpected:
+        parts = ([f"missing {missing[:5]}"] if missing else []) + ([f"unexpected {unexpected[:5]}"] if unexpected else [])
+        raise ConfigError(f"{source}: the weights do not match its {family.architecture} config: " + "; ".join(parts))
+    _check_against_model(node, state, f"the weights of {source}")
+
+    num_params = sum(t.numel() for t in state.values())
+    with _staging(out) as stage:
+        header = f"# curryTrain model imported from {source} ({family.architecture}); weights in {WEIGHTS}\n"
+        (stage / MODEL_YAML).write_text(header + OmegaConf.to_yaml(OmegaConf.create(node)))
+        _save(state, stage / WEIGHTS, {"source": source, "architecture": family.architecture})
+        (stage / HF_DIR).mkdir()
+        for pattern in ("config.json",) + PASSTHROUGH:
+            for path in folder.glob(pattern):
+                shutil.copy2(path, stage / HF_DIR / path.name)
+        provenance = {"source": source, "folder": str(folder.resolve()), "architecture": family.architecture, "num_params": num_params}
+        (stage / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
+    log.info("imported %s (%s, %.2fM parameters) -> %s", source, family.architecture, num_params / 1e6, out)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- export
+
+
+def read_model(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], Path | None]:
+    """(model node, state in curryTrain names, the import's hf/ folder or None) of an import folder, a run
+    folder (its latest complete checkpoint) or one checkpoint folder <run>/checkpoints/step_N."""
+    path = Path(path).expanduser()
+    if (path / MODEL_YAML).is_file() and (path / WEIGHTS).is_file():
+        node = OmegaConf.to_container(OmegaConf.load(path / MODEL_YAML), resolve=True)
+        safetensors_torch = _require("safetensors.torch")
+        state = safetensors_torch.load_file(path / WEIGHTS)
+        if node.get("tie_embeddings"):
+            state.pop("output.weight", None)
+        hf_dir = path / HF_DIR
+        return node, state, hf_dir if hf_dir.is_dir() else None
+    from currytrain.checkpoint import find_checkpoint, is_complete
+
+    if is_complete(path) and (path.parent.parent / RESOLVED).is_file():
+        run, checkpoint = path.parent.parent, path
+    elif (path / RESOLVED).is_file():
+        run, checkpoint = path, find_checkpoint(path)
+        if checkpoint is None:
+            raise ConfigError(
+                f"{path} has no complete checkpoint under checkpoints/: let the run finish (it saves at the end) "
+                "or pass trainer.checkpoint_every=N"
+            )
+    else:
+        raise ConfigError(
+            f"{path} is neither a run folder ({RESOLVED} + checkpoints/step_N), a checkpoint folder nor an import folder "
+            f"({MODEL_YAML} + {WEIGHTS}): pass one of those"
+        )
+    node = OmegaConf.to_container(OmegaConf.load(run / RESOLVED).model, resolve=True)
+    return node, _load_checkpoint(node, checkpoint), None
+
+
+def _load_checkpoint(node: dict[str, Any], checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The model weights of a DCP training checkpoint ({"train": {"model": ...}}), without its optimizer state."""
+    import torch.distributed.checkpoint as dcp
+
+    from currytrain.build import build
+
+    model = build(OmegaConf.create(node))
+    state = model.state_dict()
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({"train": {"model": state}}, checkpoint_id=str(checkpoint), no_dist=True)
+    if node.get("tie_embeddings"):
+        state.pop("output.weight", None)
+    log.info("read %s", checkpoint)
+    return dict(state)
+
+
+def load_model(path: str | Path) -> torch.nn.Module:
+    """The curryTrain model of an import folder, run folder or checkpoint folder, weights loaded, in eval mode."""
+    from currytrain.build import build
+
+    node, state, _ = read_model(path)
+    model = build(OmegaConf.create(node))
+    if node.get("tie_embeddings"):
+        state = {**state, "output.weight": state["tok_embeddings.weight"]}
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
+def export_hf(source: str | Path, out: str | Path, dtype: str | None = None, overwrite: bool = False) -> Path:
+    """Write config.json + model.safetensors (+ generation/tokenizer files of an import) that transformers loads."""
+    out = Path(out)
+    _check_output(out, overwrite, "OUTDIR")
+    if dtype is not None and dtype not in DTYPES:
+        raise ConfigError(f"--dtype {dtype} is not one of {list(DTYPES)}")
+    node, state, hf_dir = read_model(source)
+    write_hf(node, state, out, dtype=dtype, hf_dir=hf_dir, what=str(source))
+    return out
+
+
+def write_hf(
+    node: dict[str, Any], state: dict[str, torch.Tensor], out: Path, dtype: str | None = None, hf_dir: Path | None = None, what: str = "the model"
+) -> None:
+    """The HF folder of a model node and its state (curryTrain names); hf_dir: an import's original files."""
+    transformers = _require("transformers")
+    family = family_for_model(node)
+    if isinstance(family, str):
+        raise ConfigError(f"{what}: {family}")
+    problems = family.export_problems(node)
+    if problems:
+        raise ConfigError(f"{what} cannot be exported as {family.architecture}: " + "; ".join(problems))
+
+    tensors = family.to_hf(state, node)
+    target = DTYPES[dtype] if dtype else next(iter(tensors.values())).dtype
+    tensors = {name: t.detach().to(target).contiguous() for name, t in tensors.items()}
+    kwargs = family.hf_kwargs(node)
+    if hf_dir is not None:  # an import: keep the tokenizer's special ids
+        original = json.loads((hf_dir / "config.json").read_text())
+        kwargs.update({key: original[key] for key in TOKEN_IDS if key in original})
+    else:  # a run on curryTrain's own data: no tokenizer, so no special tokens to claim
+        kwargs.update(dict.fromkeys(TOKEN_IDS))
+    config = getattr(transformers, family.config_class)(**kwargs)
+    config.architectures = [family.architecture]
+    setattr(config, "dtype" if hasattr(config, "dtype") else "torch_dtype", str(target).removeprefix("torch."))
+
+    with _staging(out) as stage:
+        config.save_pretrained(stage)
+        _save(tensors, stage / WEIGHTS, {"format": "pt"})
+        if hf_dir is not None:
+            for pattern in PASSTHROUGH:
+                for path in hf_dir.glob(pattern):
+                    shutil.copy2(path, stage / path.name)
+    log.info("exported %s as %s (%s) -> %s", what, family.architecture, target, out)
+
+
+# ---------------------------------------------------------------------------------------------- files
+
+
+def _check_output(out: Path, overwrite: bool, flag: str) -> None:
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{flag} {out} is a file: pass a folder path")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(f"{flag} {out} already exists and is not empty: choose another folder or pass --overwrite")
+
+
+def _save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
+    safetensors_torch = _require("safetensors.torch")
+    # safetensors refuses tensors that share storage (tied weights, views): give each its own.
+    owned: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, tensor in tensors.items():
+        pointer = tensor.untyped_storage().data_ptr()
+        owned[name] = tensor.clone() if pointer in seen or not tensor.is_contiguous() else tensor
+        seen.add(pointer)
+    safetensors_torch.save_file(owned, path, metadata=metadata)
+
+
+class _staging:
+    """A sibling temporary folder that replaces `out` only when the block completes."""
+
+    def __init__(self, out: Path):
+        self.out = out
+
+    def __enter__(self) -> Path:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.stage = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.", dir=self.out.parent))
+        return self.stage
+
+    def __exit__(self, exc_type, *_) -> None:
+        if exc_type is not None:
+            shutil.rmtree(self.stage, ignore_errors=True)
+            return
+        if self.out.exists():
+            shutil.rmtree(self.out)
+        self.stage.rename(self.out)

@@ -1,0 +1,327 @@
+"""Each supported Hugging Face architecture: its config translation, its refusals and its weight names.
+
+A Family turns a transformers config into a curryTrain model node (import) and back (export), lists
+what it cannot represent exactly, and renames weights in both directions. Import selects a family by
+the checkpoint's `architectures`; export selects one by the model node's `_target_` and explicit fields.
+
+RoPE: curryTrain pairs channel i with i + head_dim/2 ("rotate half"), as transformers does, so the
+q/k projection rows are copied unpermuted (the parity tests in tests/test_hf.py hold this to 1e-5).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterable
+
+import torch
+
+from currytrain.errors import ConfigError
+
+GQA_TARGET = "currytrain.model.gqa.GQATransformer"
+MOE_MODULE = "currytrain.model.moe"
+
+# Buffers some older checkpoints still store; derived from the config, never weights.
+IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+
+# model=moe (branch `moe`): the fields this mapping sets besides DecoderConfig's, and the routing that
+# equals Mixtral's (softmax over all experts, top-k, renormalised, no capacity limit).
+MOE_FIELDS = ("num_experts", "top_k", "expert_hidden")
+MIXTRAL_ROUTING = {"gating": "softmax", "renormalize": True, "capacity_factor": 0.0}
+
+Reader = Callable[[str], torch.Tensor]
+
+
+# ---------------------------------------------------------------------------------------------- config
+
+
+def _rope(hf: Any) -> tuple[float, dict[str, Any]]:
+    """(theta, scaling) from a transformers config: v5 keeps both in rope_parameters, v4 in rope_theta/rope_scaling."""
+    params = getattr(hf, "rope_parameters", None)
+    if isinstance(params, dict):
+        extra = {k: v for k, v in params.items() if k != "rope_theta" and not (k == "rope_type" and v == "default")}
+        return float(params.get("rope_theta", 10000.0)), extra
+    return float(getattr(hf, "rope_theta", 10000.0)), dict(getattr(hf, "rope_scaling", None) or {})
+
+
+def _decoder_problems(hf: Any) -> list[str]:
+    """What every supported architecture shares and curryTrain's decoder cannot represent otherwise."""
+    problems = []
+    heads, hidden = hf.num_attention_heads, hf.hidden_size
+    act = getattr(hf, "hidden_act", "silu")
+    if act != "silu":
+        problems.append(f"hidden_act={act}: curryTrain's SwiGLU uses silu")
+    if hidden % heads:
+        problems.append(f"hidden_size={hidden} is not divisible by num_attention_heads={heads}")
+    head_dim = getattr(hf, "head_dim", None)
+    if head_dim is not None and head_dim != hidden // heads:
+        problems.append(
+            f"head_dim={head_dim} differs from hidden_size/num_attention_heads={hidden // heads}: curryTrain derives the "
+            "head size as dim/n_heads"
+        )
+    _, scaling = _rope(hf)
+    if scaling:
+        problems.append(f"rope scaling {scaling}: curryTrain implements only the default RoPE (no scaling, full rotary dim)")
+    if getattr(hf, "partial_rotary_factor", 1.0) not in (None, 1.0):
+        problems.append(f"partial_rotary_factor={hf.partial_rotary_factor}: curryTrain rotates the full head dimension")
+    if getattr(hf, "quantization_config", None):
+        problems.append("quantization_config is set: import an unquantized checkpoint")
+    return problems
+
+
+def _sliding_problems(hf: Any) -> list[str]:
+    layer_types = getattr(hf, "layer_types", None) or []
+    if getattr(hf, "use_sliding_window", False) or "sliding_attention" in layer_types:
+        return [f"sliding-window attention (sliding_window={hf.sliding_window}): curryTrain attends over the full causal context"]
+    return []
+
+
+def _decoder_node(hf: Any, target: str) -> dict[str, Any]:
+    theta, _ = _rope(hf)
+    return {
+        "_target_": target,
+        "vocab_size": int(hf.vocab_size),
+        "dim": int(hf.hidden_size),
+        "n_layers": int(hf.num_hidden_layers),
+        "n_heads": int(hf.num_attention_heads),
+        "n_kv_heads": int(hf.num_key_value_heads or hf.num_attention_heads),
+        "mlp_hidden": int(hf.intermediate_size),
+        "max_seq_len": int(hf.max_position_embeddings),
+        "rope_theta": theta,
+        "norm_eps": float(hf.rms_norm_eps),
+        "tie_embeddings": bool(getattr(hf, "tie_word_embeddings", False)),
+        "init_std": float(getattr(hf, "initializer_range", 0.02)),
+    }
+
+
+def _decoder_hf_kwargs(node: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "vocab_size": node["vocab_size"],
+        "hidden_size": node["dim"],
+        "num_hidden_layers": node["n_layers"],
+        "num_attention_heads": node["n_heads"],
+        "num_key_value_heads": node["n_kv_heads"],
+        "head_dim": node["dim"] // node["n_heads"],
+        "intermediate_size": node["mlp_hidden"],
+        "max_position_embeddings": node["max_seq_len"],
+        "rope_theta": node["rope_theta"],
+        "rms_norm_eps": node["norm_eps"],
+        "tie_word_embeddings": node["tie_embeddings"],
+        "initializer_range": node["init_std"],
+        "hidden_act": "silu",
+    }
+
+
+# ---------------------------------------------------------------------------------------------- weights
+
+
+def _attention_names(node: dict[str, Any], i: int) -> list[tuple[str, str]]:
+    ours, theirs = f"layers.{i}.", f"model.layers.{i}."
+    pairs = [(f"{ours}attention_norm.weight", f"{theirs}input_layernorm.weight")]
+    for our, hf in (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj"), ("wo", "o_proj")):
+        pairs.append((f"{ours}attention.{our}.weight", f"{theirs}self_attn.{hf}.weight"))
+        if node.get("qkv_bias") and our != "wo":
+            pairs.append((f"{ours}attention.{our}.bias", f"{theirs}self_attn.{hf}.bias"))
+    if node.get("qk_norm"):
+        pairs += [(f"{ours}attention.{n}.weight", f"{theirs}self_attn.{n}.weight") for n in ("q_norm", "k_norm")]
+    pairs.append((f"{ours}mlp_norm.weight", f"{theirs}post_attention_layernorm.weight"))
+    return pairs
+
+
+def _outer_names(node: dict[str, Any]) -> list[tuple[str, str]]:
+    pairs = [("tok_embeddings.weight", "model.embed_tokens.weight"), ("norm.weight", "model.norm.weight")]
+    if not node["tie_embeddings"]:  # tied: transformers stores only the embedding
+        pairs.append(("output.weight", "lm_head.weight"))
+    return pairs
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A dense Llama-family decoder: the weights are a one-to-one renaming."""
+
+    architecture: str
+    """transformers class name, the config's `architectures` entry."""
+    config_class: str
+    """transformers config class that export instantiates."""
+    model_type: str
+    """The config's model_type; selects the family when a config.json lists no architectures."""
+    qkv_bias: bool = False
+    """The architecture always has q/k/v biases (Qwen2)."""
+    qk_norm: bool = False
+    """The architecture has per-head q/k RMSNorm (Qwen3)."""
+
+    # -- import
+
+    def problems(self, hf: Any) -> list[str]:
+        problems = _decoder_problems(hf) + _sliding_problems(hf)
+        if getattr(hf, "attention_bias", False):
+            problems.append("attention_bias=true: curryTrain's attention has no output-projection bias")
+        if getattr(hf, "mlp_bias", False):
+            problems.append("mlp_bias=true: curryTrain's SwiGLU has no biases")
+        return problems
+
+    def model_node(self, hf: Any) -> dict[str, Any]:
+        return {**_decoder_node(hf, GQA_TARGET), "qkv_bias": self.qkv_bias, "qk_norm": self.qk_norm}
+
+    def weight_names(self, node: dict[str, Any]) -> list[tuple[str, str]]:
+        """(curryTrain name, transformers name) of every weight."""
+        pairs = _outer_names(node)
+        for i in range(node["n_layers"]):
+            pairs += _attention_names(node, i)
+            pairs += [
+                (f"layers.{i}.mlp.w1.weight", f"model.layers.{i}.mlp.gate_proj.weight"),
+                (f"layers.{i}.mlp.w3.weight", f"model.layers.{i}.mlp.up_proj.weight"),
+                (f"layers.{i}.mlp.w2.weight", f"model.layers.{i}.mlp.down_proj.weight"),
+            ]
+        return pairs
+
+    def to_currytrain(self, read: Reader, available: set[str], node: dict[str, Any]) -> tuple[dict[str, torch.Tensor], set[str], list[str]]:
+        """(state in curryTrain names, transformers names used, transformers names missing)."""
+        state, used, missing = {}, set(), []
+        for ours, theirs in self.weight_names(node):
+            if theirs in available:
+                state[ours] = read(theirs)
+                used.add(theirs)
+            else:
+                missing.append(theirs)
+        return state, used, missing
+
+    # -- export
+
+    def export_problems(self, node: dict[str, Any]) -> list[str]:
+        return []
+
+    def hf_kwargs(self, node: dict[str, Any]) -> dict[str, Any]:
+        return _decoder_hf_kwargs(node)
+
+    def to_hf(self, state: dict[str, torch.Tensor], node: dict[str, Any]) -> dict[str, torch.Tensor]:
+        return {theirs: state[ours] for ours, theirs in self.weight_names(node)}
+
+
+@dataclasses.dataclass(frozen=True)
+class MixtralFamily(Family):
+    """Mixtral: the dense attention of the Llama family plus a top-k softmax MoE in every layer.
+
+    curryTrain's model=moe stacks each layer's experts into three tensors at layers.{i}.moe.experts
+    (w1, w3: (num_experts, expert_hidden, dim); w2: (num_experts, dim, expert_hidden)) with the router
+    at layers.{i}.moe.router.gate. transformers writes Mixtral files with one w1/w2/w3 matrix per
+    expert under block_sparse_moe (the original layout; 5.x fuses w1|w3 into gate_up_proj only in
+    memory). Import reads both layouts; export writes the per-expert one, which every version loads.
+    """
+
+    def problems(self, hf: Any) -> list[str]:
+        problems = _decoder_problems(hf)
+        if getattr(hf, "sliding_window", None) is not None:
+            problems.append(f"sliding_window={hf.sliding_window}: curryTrain attends over the full causal context")
+        return problems
+
+    def model_node(self, hf: Any) -> dict[str, Any]:
+        node = _moe_defaults()
+        node.update(_decoder_node(hf, node["_target_"]))
+        node.update(num_experts=int(hf.num_local_experts), top_k=int(hf.num_experts_per_tok), expert_hidden=int(hf.intermediate_size))
+        node.update(MIXTRAL_ROUTING)
+        return node
+
+    def weight_names(self, node: dict[str, Any]) -> list[tuple[str, str]]:
+        """The weights that are a plain renaming; routers and experts are handled by to_currytrain / to_hf."""
+        pairs = _outer_names(node)
+        for i in range(node["n_layers"]):
+            pairs += _attention_names(node, i)
+        return pairs
+
+    def to_currytrain(self, read: Reader, available: set[str], node: dict[str, Any]) -> tuple[dict[str, torch.Tensor], set[str], list[str]]:
+        state, used, missing = super().to_currytrain(read, available, node)
+        hidden = node["expert_hidden"]
+        for i in range(node["n_layers"]):
+            ours, theirs = f"layers.{i}.moe.", f"model.layers.{i}."
+            fused = theirs + "mlp.experts.gate_up_proj" in available  # transformers 5.x in-memory names
+            router = theirs + ("mlp.gate.weight" if fused else "block_sparse_moe.gate.weight")
+            if fused:
+                names = {"w13": theirs + "mlp.experts.gate_up_proj", "w2": theirs + "mlp.experts.down_proj"}
+            else:
+                names = {
+                    w: [f"{theirs}block_sparse_moe.experts.{e}.{w}.weight" for e in range(node["num_experts"])] for w in ("w1", "w2", "w3")
+                }
+            wanted = [router] + [n for v in names.values() for n in ([v] if isinstance(v, str) else v)]
+            absent = [n for n in wanted if n not in available]
+            if absent:
+                missing += absent
+                continue
+            used |= set(wanted)
+            state[ours + "router.gate.weight"] = read(router)
+            if fused:
+                w13 = read(names["w13"])
+                state[ours + "experts.w1"], state[ours + "experts.w3"] = w13[:, :hidden].contiguous(), w13[:, hidden:].contiguous()
+                state[ours + "experts.w2"] = read(names["w2"])
+            else:
+                for w, per_expert in names.items():
+                    state[ours + f"experts.{w}"] = torch.stack([read(n) for n in per_expert])
+        return state, used, missing
+
+    def export_problems(self, node: dict[str, Any]) -> list[str]:
+        problems = []
+        for key, value in MIXTRAL_ROUTING.items():
+            if node.get(key) != value:
+                problems.append(f"model.{key}={node.get(key)}: Mixtral routes with {key}={value}; retrain or export another way")
+        return problems
+
+    def hf_kwargs(self, node: dict[str, Any]) -> dict[str, Any]:
+        kwargs = _decoder_hf_kwargs(node)
+        kwargs.update(
+            intermediate_size=node["expert_hidden"],
+            num_local_experts=node["num_experts"],
+            num_experts_per_tok=node["top_k"],
+            sliding_window=None,
+        )
+        return kwargs
+
+    def to_hf(self, state: dict[str, torch.Tensor], node: dict[str, Any]) -> dict[str, torch.Tensor]:
+        tensors = super().to_hf(state, node)
+        for i in range(node["n_layers"]):
+            tensors[f"model.layers.{i}.block_sparse_moe.gate.weight"] = state[f"layers.{i}.moe.router.gate.weight"]
+            for w in ("w1", "w2", "w3"):
+                for e, matrix in enumerate(state[f"layers.{i}.moe.experts.{w}"].unbind(0)):
+                    tensors[f"model.layers.{i}.block_sparse_moe.experts.{e}.{w}.weight"] = matrix
+        return tensors
+
+
+def _moe_defaults() -> dict[str, Any]:
+    """The model=moe schema's defaults; the mapping's own field names are checked against it."""
+    from currytrain.config import SCHEMAS
+
+    schema = SCHEMAS["model"].get("moe")
+    if schema is None:
+        raise ConfigError(f"Mixtral checkpoints need curryTrain's MoE model, and {MOE_MODULE} (model=moe) is not part of this install")
+    node = {f.name: getattr(schema(), f.name) for f in dataclasses.fields(schema)}
+    unknown = sorted((set(MOE_FIELDS) | set(MIXTRAL_ROUTING)) - set(node))
+    if unknown:
+        raise RuntimeError(f"currytrain/hf/families.py sets model=moe fields {unknown} that {schema.__name__} lacks: update MOE_FIELDS")
+    return node
+
+
+FAMILIES: dict[str, Family] = {
+    family.architecture: family
+    for family in (
+        Family("LlamaForCausalLM", "LlamaConfig", "llama"),
+        Family("Qwen2ForCausalLM", "Qwen2Config", "qwen2", qkv_bias=True),
+        Family("Qwen3ForCausalLM", "Qwen3Config", "qwen3", qk_norm=True),
+        MixtralFamily("MixtralForCausalLM", "MixtralConfig", "mixtral"),
+    )
+}
+
+
+def family_for_model(node: dict[str, Any]) -> Family | str:
+    """The architecture a curryTrain model node exports to, or why there is none."""
+    target = str(node.get("_target_", ""))
+    if target == GQA_TARGET:
+        if node.get("qk_norm"):
+            if node.get("qkv_bias"):
+                return "model.qkv_bias=true with model.qk_norm=true has no transformers counterpart (Qwen3 biases o_proj as well)"
+            return FAMILIES["Qwen3ForCausalLM"]
+        return FAMILIES["Qwen2ForCausalLM"] if node.get("qkv_bias") else FAMILIES["LlamaForCausalLM"]
+    if target.startswith(MOE_MODULE + "."):
+        return FAMILIES["MixtralForCausalLM"]
+    return f"model._target_={target} has no Hugging Face counterpart; export supports model=gqa and model=moe"
+
+
+def supported() -> Iterable[str]:
+    return FAMILIES.keys()

@@ -1,0 +1,419 @@
+"""The mixture-of-experts decoder: GQA attention blocks whose MLP is a top-k routed bank of SwiGLU experts.
+
+Architecture only: expert parallelism, checkpointing and compile are applied from outside.
+
+One MoE layer, for the T tokens of a forward pass:
+  1. TopKRouter scores every expert per token and keeps the top_k (weights, expert ids).
+  2. build_dispatch groups the T * top_k assignments by expert; with a capacity it drops the ones that
+     overflow an expert's slots, first choices before second choices (GShard), earlier tokens first.
+  3. GroupedExperts runs every expert on its group at once: a padded (experts, capacity, dim) batch of
+     matmuls, or, dropless, one matmul per expert over its contiguous slice. No loop over tokens.
+  4. The expert outputs, scaled by the router weights, are summed back into each token's row.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from currytrain.model.hooks import HiddenMatrices
+from currytrain.model.layers import Attention, RMSNorm, SwiGLU, build_rope_cache
+
+GATINGS = ("softmax", "sigmoid")
+
+
+@dataclass
+class Routing:
+    """What the router decided for T tokens choosing top_k of E experts."""
+
+    weights: torch.Tensor
+    """(T, top_k) combine weight of each chosen expert (fp32 or wider)."""
+    indices: torch.Tensor
+    """(T, top_k) chosen expert ids, best first."""
+    probs: torch.Tensor
+    """(T, E) each token's distribution over all experts (sums to 1): what the balance loss averages."""
+    logits: torch.Tensor
+    """(T, E) raw router scores: what the z-loss penalises."""
+
+
+def load_balancing_loss(probs: torch.Tensor, indices: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Switch/GShard balance loss E * sum_i f_i * P_i.
+
+    f_i is the share of the T * top_k assignments sent to expert i (counted before any dropping; not
+    differentiable), P_i the mean router probability of expert i (differentiable). Normalising f by
+    T * top_k rather than T makes the loss 1.0 for a perfectly balanced routing whatever top_k is, and
+    larger the more the router favours the experts it already overloads.
+    """
+    counts = torch.bincount(indices.flatten(), minlength=num_experts)
+    fraction = counts.to(probs.dtype) / indices.numel()
+    return num_experts * torch.sum(fraction * probs.mean(0))
+
+
+def router_z_loss(logits: torch.Tensor) -> torch.Tensor:
+    """ST-MoE z-loss: mean squared logsumexp of the router logits; keeps them small, so softmax stays stable."""
+    return torch.logsumexp(logits, dim=-1).square().mean()
+
+
+class TopKRouter(nn.Module):
+    """Scores E experts per token with one linear map and keeps the top_k.
+
+    softmax gating: probabilities over all experts, top_k of them, optionally renormalised to sum to 1
+    (with renormalize=True this is Mixtral's routing). sigmoid gating: an independent score per expert,
+    top_k by score, optionally renormalised over the chosen ones (DeepSeek-V3).
+    """
+
+    def __init__(self, dim: int, num_experts: int, top_k: int, gating: str = "softmax", renormalize: bool = True):
+        super().__init__()
+        if gating not in GATINGS:
+            raise ValueError(f"gating={gating!r} is not one of {list(GATINGS)}")
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"top_k={top_k} must be in [1, num_experts={num_experts}]")
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.gating = gating
+        self.renormalize = renormalize
+        self.gate = nn.Linear(dim, num_experts, bias=False)
+
+    def forward(self, x: torch.Tensor) -> Routing:
+        logits = self.gate(x)
+        # Route in fp32 at least: under bf16 autocast, near-tied scores would otherwise pick experts at random.
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        if self.gating == "softmax":
+            scores = probs = logits.softmax(dim=-1)
+        else:
+            scores = logits.sigmoid()
+            probs = scores / scores.sum(dim=-1, keepdim=True)
+        weights, indices = scores.topk(self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return Routing(weights=weights, indices=indices, probs=probs, logits=logits)
+
+
+@dataclass
+class Dispatch:
+    """The T * top_k assignments of one forward pass, grouped by expert (ascending expert id)."""
+
+    token: torch.Tensor
+    """(N,) token row of each assignment."""
+    expert: torch.Tensor
+    """(N,) expert id of each assignment (sorted)."""
+    weight: torch.Tensor
+    """(N,) combine weight; 0 for a dropped assignment."""
+    counts: torch.Tensor
+    """(E,) assignments routed to each expert, before dropping."""
+    capacity: int | None
+    """Slots per expert; None when dropless."""
+    kept: torch.Tensor | None = None
+    """(N,) False where the expert was full; None when dropless."""
+    slot: torch.Tensor | None = None
+    """(N,) row in the flattened (E * capacity) expert buffer; E * capacity (one past the end) when dropped."""
+
+    @property
+    def num_dropped(self) -> torch.Tensor:
+        if self.kept is None:
+            return torch.zeros((), device=self.token.device)
+        return (~self.kept).sum()
+
+
+def build_dispatch(indices: torch.Tensor, weights: torch.Tensor, num_experts: int, capacity: int | None) -> Dispatch:
+    """Group the (T, top_k) routing by expert and, with a capacity, drop what overflows.
+
+    Priority within an expert's queue: every token's first choice before any second choice (GShard), so a
+    full expert drops a token's backup choice rather than another token's only good one; then token order.
+    Works without host synchronisation, so the capacity path keeps static shapes.
+    """
+    num_tokens, top_k = indices.shape
+    # Flatten choice-major: the k-th choices of all tokens, for k = 0, 1, ...; a stable sort by expert
+    # then leaves each expert's queue in priority order.
+    expert = indices.t().reshape(-1)
+    token = torch.arange(num_tokens, device=indices.device).repeat(top_k)
+    weight = weights.t().reshape(-1)
+    order = torch.argsort(expert, stable=True)
+    expert, token, weight = expert[order], token[order], weight[order]
+    counts = torch.bincount(expert, minlength=num_experts)
+    if capacity is None:
+        return Dispatch(token=token, expert=expert, weight=weight, counts=counts, capacity=None)
+    queue_start = torch.cumsum(counts, dim=0) - counts
+    position = torch.arange(expert.numel(), device=expert.device) - queue_start[expert]
+    kept = position < capacity
+    slot = torch.where(kept, expert * capacity + position, num_experts * capacity)
+    return Dispatch(token=token, expert=expert, weight=weight * kept, counts=counts, capacity=capacity, kept=kept, slot=slot)
+
+
+class GroupedExperts(nn.Module):
+    """num_experts SwiGLU MLPs, w2(silu(w1 x) * w3 x), with weights stacked per expert.
+
+    w1, w3: (num_experts, hidden, dim) and w2: (num_experts, dim, hidden), i.e. expert e's slices are
+    nn.Linear weights, the layout the HF bridge maps.
+    """
+
+    def __init__(self, num_experts: int, dim: int, hidden: int):
+        super().__init__()
+        self.num_experts = num_experts
+        self.w1 = nn.Parameter(torch.empty(num_experts, hidden, dim))
+        self.w3 = nn.Parameter(torch.empty(num_experts, hidden, dim))
+        self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden))
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02, out_std: float | None = None) -> None:
+        nn.init.normal_(self.w1, std=std)
+        nn.init.normal_(self.w3, std=std)
+        nn.init.normal_(self.w2, std=std if out_std is None else out_std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (num_experts, capacity, dim), row block e for expert e -> same shape. One batched matmul per weight."""
+        hidden = F.silu(torch.bmm(x, self.w1.transpose(1, 2))) * torch.bmm(x, self.w3.transpose(1, 2))
+        return torch.bmm(hidden, self.w2.transpose(1, 2))
+
+    def forward_grouped(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """x: (N, dim) rows grouped by expert, counts[e] rows for expert e -> (N, dim). No padding."""
+        outputs = []
+        # unbind, not w1[e]: its backward stacks once instead of accumulating a full-size zero gradient per expert.
+        for rows, w1, w3, w2 in zip(x.split(counts), self.w1.unbind(0), self.w3.unbind(0), self.w2.unbind(0)):
+            outputs.append(F.linear(F.silu(F.linear(rows, w1)) * F.linear(rows, w3), w2))
+        return torch.cat(outputs)
+
+
+@dataclass
+class MoEStats:
+    """Statistics of one MoE layer's last forward pass. Losses keep their graph; the rest is detached."""
+
+    aux_loss: torch.Tensor
+    z_loss: torch.Tensor
+    load: torch.Tensor
+    """(E,) share of the assignments routed to each expert, before dropping (sums to 1)."""
+    drop_rate: torch.Tensor
+    """Share of the T * top_k assignments dropped for lack of capacity."""
+
+
+class MoE(nn.Module):
+    """Routed experts plus an optional always-on shared expert, in place of a dense MLP: (..., dim) -> (..., dim)."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_experts: int,
+        top_k: int,
+        expert_hidden: int,
+        gating: str = "softmax",
+        renormalize: bool = True,
+        capacity_factor: float = 0.0,
+        shared_hidden: int = 0,
+    ):
+        super().__init__()
+        if capacity_factor < 0:
+            raise ValueError(f"capacity_factor={capacity_factor} must be >= 0 (0 is dropless)")
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.capacity_factor = capacity_factor
+        self.router = TopKRouter(dim, num_experts, top_k, gating, renormalize)
+        self.experts = GroupedExperts(num_experts, dim, expert_hidden)
+        self.shared_expert = SwiGLU(dim, shared_hidden) if shared_hidden > 0 else None
+        self.stats: MoEStats | None = None
+
+    def capacity(self, num_tokens: int) -> int | None:
+        """Slots per expert for a forward pass over num_tokens tokens; None when dropless."""
+        if self.capacity_factor == 0:
+            return None
+        balanced_load = num_tokens * self.top_k / self.num_experts
+        # Rounding first keeps e.g. 1.1 * 110 = 121.00000000000001 from becoming 122 slots.
+        return math.ceil(round(self.capacity_factor * balanced_load, 9))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        num_tokens, dim = x.shape
+        routing = self.router(x)
+        dispatch = build_dispatch(routing.indices, routing.weights, self.num_experts, self.capacity(num_tokens))
+        if dispatch.capacity is None:
+            # Dropless: each expert's rows are a contiguous slice; the split sizes need one host sync.
+            out = self.experts.forward_grouped(x.index_select(0, dispatch.token), dispatch.counts.tolist())
+        else:
+            out = self._run_padded(x, dispatch)
+        contributions = out * dispatch.weight.to(out.dtype).unsqueeze(-1)
+        y = torch.zeros(num_tokens, dim, dtype=out.dtype, device=x.device).index_add(0, dispatch.token, contributions)
+        if self.shared_expert is not None:
+            y = y + self.shared_expert(x)
+        self.stats = MoEStats(
+            aux_loss=load_balancing_loss(routing.probs, routing.indices, self.num_experts),
+            z_loss=router_z_loss(routing.logits),
+            load=(dispatch.counts.float() / dispatch.token.numel()).detach(),
+            drop_rate=(dispatch.num_dropped.float() / dispatch.token.numel()).detach(),
+        )
+        return y.to(x.dtype).view(shape)
+
+    def _run_padded(self, x: torch.Tensor, dispatch: Dispatch) -> torch.Tensor:
+        """Fill a (E, capacity, dim) buffer, run the experts as one batch, read each assignment's row back."""
+        num_tokens, dim = x.shape
+        num_slots = self.num_experts * dispatch.capacity
+        # Which token fills each slot: empty slots and the one-past-the-end slot of the dropped
+        # assignments point at an extra zero row, so the buffer is a gather (no scatter in autograd).
+        slot_token = torch.full((num_slots + 1,), num_tokens, dtype=torch.long, device=x.device)
+        slot_token[dispatch.slot] = dispatch.token
+        x_padded = torch.cat([x, x.new_zeros(1, dim)])
+        buffer = x_padded.index_select(0, slot_token[:num_slots]).view(self.num_experts, dispatch.capacity, dim)
+        out = self.experts(buffer).view(num_slots, dim)
+        return torch.cat([out, out.new_zeros(1, dim)]).index_select(0, dispatch.slot)
+
+
+class MoEBlock(nn.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + moe(norm(x))."""
+
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, norm_eps: float, moe: MoE, attention_scale: float | None = None):
+        super().__init__()
+        self.attention_norm = RMSNorm(dim, norm_eps)
+        self.attention = Attention(dim, n_heads, n_kv_heads, softmax_scale=attention_scale)
+        self.mlp_norm = RMSNorm(dim, norm_eps)
+        self.moe = moe
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        return x + self.moe(self.mlp_norm(x))
+
+
+class MoETransformer(nn.Module):
+    """Token ids (batch, seq) -> next-token logits (batch, seq, vocab_size), every MLP a routed MoE.
+
+    After each forward, auxiliary_loss() holds the weighted balance and z losses (the trainer adds it
+    to the task loss) and training_metrics() the per-layer expert load, drop rate and losses.
+
+    muP (mup=true) follows GQATransformer; the experts and the router count as hidden matrices (the
+    router's logits then keep their base-width size at init and move by a width-independent amount).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        dim: int,
+        n_layers: int,
+        n_heads: int,
+        n_kv_heads: int,
+        mlp_hidden: int,
+        max_seq_len: int,
+        num_experts: int = 4,
+        top_k: int = 2,
+        expert_hidden: int = 192,
+        gating: str = "softmax",
+        renormalize: bool = True,
+        capacity_factor: float = 0.0,
+        aux_loss_coef: float = 0.01,
+        z_loss_coef: float = 0.001,
+        shared_expert: bool = False,
+        rope_theta: float = 10000.0,
+        norm_eps: float = 1e-5,
+        tie_embeddings: bool = False,
+        init_std: float = 0.02,
+        mup: bool = False,
+        mup_base_width: int = 128,
+    ):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.max_seq_len = max_seq_len
+        self.init_std = init_std
+        self.mup = mup
+        self.width_multiplier = dim / mup_base_width if mup else 1.0
+        # muP's 1/head_dim attention, equal to 1/sqrt(head_dim) at the base width (see GQATransformer).
+        attention_scale = 1.0 / math.sqrt(dim // n_heads * self.width_multiplier) if mup else None
+        self.aux_loss_coef = aux_loss_coef
+        self.z_loss_coef = z_loss_coef
+        self.tok_embeddings = nn.Embedding(vocab_size, dim)
+        self.layers = nn.ModuleList(
+            MoEBlock(
+                dim,
+                n_heads,
+                n_kv_heads,
+                norm_eps,
+                MoE(
+                    dim,
+                    num_experts,
+                    top_k,
+                    expert_hidden,
+                    gating=gating,
+                    renormalize=renormalize,
+                    capacity_factor=capacity_factor,
+                    shared_hidden=mlp_hidden if shared_expert else 0,
+                ),
+                attention_scale=attention_scale,
+            )
+            for _ in range(n_layers)
+        )
+        self.norm = RMSNorm(dim, norm_eps)
+        self.output = nn.Linear(dim, vocab_size, bias=False)
+        if tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        cos, sin = build_rope_cache(max_seq_len, dim // n_heads, rope_theta)
+        # Non-persistent: derived from the config, so checkpoints and HF exports carry only weights.
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    def _hidden_linears(self) -> list[nn.Linear]:
+        """Every linear layer inside the blocks: attention projections, routers, shared experts."""
+        return [module for block in self.layers for module in block.modules() if isinstance(module, nn.Linear)]
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        hidden = {id(module) for module in self._hidden_linears()}
+        # muP: a hidden matrix's std goes as 1/sqrt(fan_in), relative to the base width (1.0 with mup off).
+        hidden_scale = 1.0 / math.sqrt(self.width_multiplier)
+        # Residual-output projections (attention wo, expert w2, shared expert w2) are scaled down with
+        # depth (GPT-2) so the stream's variance does not grow with n_layers at init.
+        residual_std = self.init_std / math.sqrt(2 * len(self.layers)) * hidden_scale
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                std = self.init_std * hidden_scale if id(module) in hidden else self.init_std
+                nn.init.normal_(module.weight, std=std)
+            elif isinstance(module, GroupedExperts):
+                module.reset_parameters(self.init_std * hidden_scale, residual_std)
+            elif isinstance(module, RMSNorm):
+                module.reset_parameters()
+        for layer in self.layers:
+            nn.init.normal_(layer.attention.wo.weight, std=residual_std)
+            if layer.moe.shared_expert is not None:
+                nn.init.normal_(layer.moe.shared_expert.w2.weight, std=residual_std)
+
+    def mup_hidden_matrices(self) -> HiddenMatrices:
+        """muP's hidden weights: the blocks' linear layers and the stacked expert weights; none with mup off."""
+        if not self.mup:
+            return HiddenMatrices(1.0, [])
+        experts = [param for block in self.layers for module in block.modules() if isinstance(module, GroupedExperts) for param in module.parameters()]
+        return HiddenMatrices(self.width_multiplier, [module.weight for module in self._hidden_linears()] + experts)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h, self.rope_cos, self.rope_sin)
+        logits = self.output(self.norm(h))
+        # muP readout (see GQATransformer).
+        return logits / self.width_multiplier if self.mup else logits
+
+    def auxiliary_loss(self) -> torch.Tensor:
+        """aux_loss_coef * balance loss + z_loss_coef * z-loss of the last forward, summed over layers."""
+        total = torch.zeros((), device=self.output.weight.device)
+        for layer in self.layers:
+            stats = layer.moe.stats
+            if stats is not None:
+                total = total + self.aux_loss_coef * stats.aux_loss + self.z_loss_coef * stats.z_loss
+        return total
+
+    def training_metrics(self) -> dict[str, float]:
+        """Per layer i: moe/layer{i}/load/e{j} (share of assignments to expert j), drop_rate, aux_loss, z_loss."""
+        names, values = [], []
+        for i, layer in enumerate(self.layers):
+            stats = layer.moe.stats
+            if stats is None:
+                continue
+            prefix = f"moe/layer{i}"
+            names += [f"{prefix}/load/e{j}" for j in range(stats.load.numel())]
+            names += [f"{prefix}/drop_rate", f"{prefix}/aux_loss", f"{prefix}/z_loss"]
+            values += [stats.load, stats.drop_rate.view(1), stats.aux_loss.detach().view(1), stats.z_loss.detach().view(1)]
+        if not values:
+            return {}
+        # One device-to-host copy for all layers instead of one per scalar.
+        flat = torch.cat([v.float() for v in values]).tolist()
+        return dict(zip(names, flat))

@@ -1,0 +1,369 @@
+"""The Hugging Face bridge (currytrain hf import|export), against transformers itself, all offline.
+
+Tiny random models (hidden 64, 2 layers, vocab 128) are saved by transformers, imported, compared
+logit for logit, exported back and loaded by transformers again. Every weight is randomised, norms
+and biases included, so a swapped or unmapped tensor cannot hide behind an init of ones or zeros.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+pytest.importorskip("huggingface_hub")
+
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+from conftest import launch  # noqa: E402
+from currytrain.errors import ConfigError  # noqa: E402
+from currytrain.hf import export_hf, import_hf, load_model, read_model  # noqa: E402
+from currytrain.hf.convert import SafetensorsReader, write_hf  # noqa: E402
+from currytrain.hf.families import FAMILIES  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
+HAS_MOE = importlib.util.find_spec("currytrain.model.moe") is not None
+NEEDS_MOE = pytest.mark.skipif(not HAS_MOE, reason="model=moe (currytrain.model.moe, branch moe) is not merged yet")
+
+# architecture -> (config class, overrides): each case exercises what its family adds.
+CASES = {
+    "LlamaForCausalLM": ("LlamaConfig", dict(rope_theta=500000.0, rms_norm_eps=1e-5)),
+    "Qwen2ForCausalLM": ("Qwen2Config", dict(tie_word_embeddings=True, rope_theta=1e6)),  # q/k/v biases, tied head
+    "Qwen3ForCausalLM": ("Qwen3Config", dict(head_dim=16)),  # per-head q/k norms
+    "MixtralForCausalLM": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2)),
+}
+NUM_NEW_TOKENS = 20
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny matmuls gain nothing from a second thread and lose a lot when the CPUs are shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_hf_model(architecture: str, **overrides) -> torch.nn.Module:
+    config_class, case = CASES[architecture]
+    config = getattr(transformers, config_class)(**{**TINY, **case, **overrides})
+    torch.manual_seed(0)
+    model = getattr(transformers, architecture)(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)
+            else:
+                param.normal_(0.0, 0.1)
+    return model
+
+
+def greedy(model: torch.nn.Module, prompt: torch.Tensor, steps: int) -> torch.Tensor:
+    """curryTrain's side of the greedy comparison: full forward each step, argmax of the last position."""
+    tokens = prompt
+    with torch.no_grad():
+        for _ in range(steps):
+            tokens = torch.cat([tokens, model(tokens)[:, -1:].argmax(-1)], dim=1)
+    return tokens
+
+
+def hf_greedy(model: torch.nn.Module, prompt: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model.generate(
+            prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=NUM_NEW_TOKENS, min_new_tokens=NUM_NEW_TOKENS
+        )
+
+
+def load_exported(folder: Path) -> torch.nn.Module:
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True)
+    assert info["missing_keys"] == set() and info["unexpected_keys"] == set(), info
+    assert info["mismatched_keys"] == set() and not info["error_msgs"], info
+    return model.eval()
+
+
+TOKENS = torch.randint(0, TINY["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize(
+    "architecture",
+    ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", pytest.param("MixtralForCausalLM", marks=NEEDS_MOE)],
+)
+def test_import_export_round_trip_matches_transformers(architecture, tmp_path):
+    reference = make_hf_model(architecture)
+    reference.save_pretrained(tmp_path / "hf")
+
+    import_hf(str(tmp_path / "hf"), tmp_path / "imported")
+    ours = load_model(tmp_path / "imported")
+    with torch.no_grad():
+        expected = reference(TOKENS).logits
+        torch.testing.assert_close(ours(TOKENS), expected, atol=1e-5, rtol=0)
+
+    export_hf(tmp_path / "imported", tmp_path / "exported")
+    exported = load_exported(tmp_path / "exported")
+    assert type(exported).__name__ == architecture
+    with torch.no_grad():
+        torch.testing.assert_close(exported(TOKENS).logits, expected, atol=1e-5, rtol=0)
+
+    prompt = TOKENS[:1, :4]
+    reference_tokens = hf_greedy(reference, prompt)
+    assert reference_tokens.shape[1] == 4 + NUM_NEW_TOKENS
+    assert torch.equal(hf_greedy(exported, prompt), reference_tokens)
+    assert torch.equal(greedy(ours, prompt, NUM_NEW_TOKENS), reference_tokens)
+
+
+def test_import_folder_layout(tmp_path):
+    reference = make_hf_model("Qwen2ForCausalLM")
+    reference.save_pretrained(tmp_path / "hf")
+    (tmp_path / "hf" / "tokenizer_config.json").write_text("{}")
+    out = import_hf(str(tmp_path / "hf"), tmp_path / "imported")
+
+    assert sorted(p.name for p in out.iterdir()) == ["hf", "import.json", "model.safetensors", "model.yaml"]
+    assert sorted(p.name for p in (out / "hf").iterdir()) == ["config.json", "generation_config.json", "tokenizer_config.json"]
+    node, state, _ = read_model(out)
+    assert node["_target_"] == "currytrain.model.gqa.GQATransformer"
+    assert (node["dim"], node["n_kv_heads"], node["qkv_bias"], node["tie_embeddings"]) == (64, 2, True, True)
+    assert node["rope_theta"] == 1e6
+    assert "layers.1.attention.wq.bias" in state and "output.weight" not in state  # tied: stored once
+    torch.testing.assert_close(state["layers.1.attention.wk.weight"], reference.model.layers[1].self_attn.k_proj.weight)
+    assert json.loads((out / "import.json").read_text())["architecture"] == "Qwen2ForCausalLM"
+
+    exported = export_hf(out, tmp_path / "exported")
+    assert (exported / "tokenizer_config.json").is_file() and (exported / "generation_config.json").is_file()
+    assert not list(exported.glob("*.bin"))
+
+
+def test_gqa_defaults_add_no_parameters():
+    """qkv_bias/qk_norm are off by default: existing checkpoints keep exactly their parameter names."""
+    from currytrain.model.gqa import GQATransformer
+
+    names = set(GQATransformer(128, 64, 2, 4, 2, 96, 32).state_dict())
+    assert not [n for n in names if n.endswith(".bias") or "q_norm" in n or "k_norm" in n]
+    qwen = set(GQATransformer(128, 64, 2, 4, 2, 96, 32, qkv_bias=True, qk_norm=True).state_dict())
+    assert qwen - names == {f"layers.{i}.attention.{m}" for i in range(2) for m in ("wq.bias", "wk.bias", "wv.bias", "q_norm.weight", "k_norm.weight")}
+
+
+def test_mixtral_expert_layout_matches_transformers(tmp_path):
+    """The model=moe layout (stacked w1/w3/w2, router.gate) with softmax top-k renormalised routing
+    reproduces transformers' Mixtral block; runs before model=moe exists, so the mapping is held now."""
+    reference = make_hf_model("MixtralForCausalLM")
+    reference.save_pretrained(tmp_path / "hf")
+    family = FAMILIES["MixtralForCausalLM"]
+    node = {"n_layers": 2, "num_experts": 4, "expert_hidden": 96, "tie_embeddings": False, "qkv_bias": False, "qk_norm": False}
+
+    reader = SafetensorsReader(tmp_path / "hf")
+    assert any(".block_sparse_moe.experts.3.w2.weight" in n for n in reader.keys())  # the on-disk layout of transformers 5
+    state, used, missing = family.to_currytrain(reader, reader.keys(), node)
+    assert not missing and used == reader.keys()
+    assert state["layers.0.moe.experts.w1"].shape == (4, 96, 64) and state["layers.0.moe.experts.w2"].shape == (4, 64, 96)
+
+    x = torch.randn(10, 64, generator=torch.Generator().manual_seed(2))
+    gate, w1, w2, w3 = (state[f"layers.1.moe.{k}"] for k in ("router.gate.weight", "experts.w1", "experts.w2", "experts.w3"))
+    probs = torch.softmax(x @ gate.T, dim=-1)
+    weights, experts = probs.topk(2, dim=-1)
+    weights = weights / weights.sum(-1, keepdim=True)
+    ours = torch.zeros_like(x)
+    for token in range(x.shape[0]):
+        for weight, e in zip(weights[token], experts[token]):
+            hidden = torch.nn.functional.silu(w1[e] @ x[token]) * (w3[e] @ x[token])
+            ours[token] += weight * (w2[e] @ hidden)
+    with torch.no_grad():
+        torch.testing.assert_close(ours, reference.model.layers[1].mlp(x[None])[0], atol=1e-5, rtol=1e-5)
+
+    # transformers 5 fuses w1|w3 into gate_up_proj in memory; a file with those names imports the same.
+    (tmp_path / "fused").mkdir()
+    save_file({k: v.contiguous() for k, v in reference.state_dict().items()}, tmp_path / "fused" / "model.safetensors")
+    fused = SafetensorsReader(tmp_path / "fused")
+    assert any(n.endswith("mlp.experts.gate_up_proj") for n in fused.keys())
+    fused_state, _, fused_missing = family.to_currytrain(fused, fused.keys(), node)
+    assert not fused_missing and fused_state.keys() == state.keys()
+    assert all(torch.equal(fused_state[k], state[k]) for k in state)
+
+    # Export writes the per-expert layout, which transformers loads back without a missing key.
+    full_node = {**node, "_target_": "currytrain.model.moe.MoETransformer", "vocab_size": 128, "dim": 64, "n_heads": 4, "n_kv_heads": 2}
+    full_node.update(mlp_hidden=96, max_seq_len=64, rope_theta=1e6, norm_eps=1e-5, init_std=0.02, top_k=2)
+    full_node.update(gating="softmax", renormalize=True, capacity_factor=0.0)
+    write_hf(full_node, state, tmp_path / "exported")
+    with torch.no_grad():
+        torch.testing.assert_close(load_exported(tmp_path / "exported")(TOKENS).logits, reference(TOKENS).logits, atol=1e-5, rtol=0)
+    with pytest.raises(ConfigError, match="capacity_factor"):
+        write_hf({**full_node, "capacity_factor": 1.25}, state, tmp_path / "refused")
+
+
+@pytest.mark.parametrize(
+    "architecture, overrides, message",
+    [
+        ("LlamaForCausalLM", dict(rope_scaling={"rope_type": "linear", "factor": 2.0}), "rope scaling"),
+        ("LlamaForCausalLM", dict(attention_bias=True), "attention_bias"),
+        ("LlamaForCausalLM", dict(hidden_act="gelu"), "hidden_act=gelu"),
+        ("Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=16, max_window_layers=0), "sliding-window"),
+        ("Qwen3ForCausalLM", dict(head_dim=32), "head_dim=32 differs"),
+        ("MixtralForCausalLM", dict(sliding_window=16), "sliding_window=16"),
+    ],
+)
+def test_unsupported_configs_are_refused(architecture, overrides, message, tmp_path):
+    config_class, case = CASES[architecture]
+    config = getattr(transformers, config_class)(**{**TINY, **case, **overrides})
+    config.architectures = [architecture]
+    config.save_pretrained(tmp_path / "hf")
+    with pytest.raises(ConfigError, match=message):
+        import_hf(str(tmp_path / "hf"), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_unsupported_sources_are_refused(tmp_path, monkeypatch):
+    transformers.GPT2Config(n_embd=64, n_layer=1, n_head=4, architectures=["GPT2LMHeadModel"]).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(ConfigError, match=r"unsupported architecture \['GPT2LMHeadModel'\]"):
+        import_hf(str(tmp_path / "gpt2"), tmp_path / "out")
+
+    make_hf_model("LlamaForCausalLM").config.save_pretrained(tmp_path / "pickled")
+    (tmp_path / "pickled" / "pytorch_model.bin").write_bytes(b"not read")
+    with pytest.raises(ConfigError, match="never unpickles"):
+        import_hf(str(tmp_path / "pickled"), tmp_path / "out")
+
+    with pytest.raises(ConfigError, match="does not exist"):
+        import_hf(str(tmp_path / "missing"), tmp_path / "out")
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="does not exist"):  # a well-formed Hub id, but runs/ is a local folder
+        import_hf("runs/missing", tmp_path / "out")
+
+    make_hf_model("LlamaForCausalLM").save_pretrained(tmp_path / "hf")
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "keep.txt").write_text("an earlier result")
+    with pytest.raises(ConfigError, match="--overwrite"):
+        import_hf(str(tmp_path / "hf"), tmp_path / "taken")
+    assert (tmp_path / "taken" / "keep.txt").read_text() == "an earlier result"
+
+    with pytest.raises(ConfigError, match="neither a run folder"):
+        export_hf(tmp_path / "hf", tmp_path / "exported")
+
+
+# ---------------------------------------------------------------------------------------------- CLI, offline
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+    full_env.update(PYTHONPATH=str(REPO), **(env or {}))
+    return subprocess.run(
+        [sys.executable, "-m", "currytrain.cli", *args], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def populate_cache(hub_cache: Path, repo_id: str, files_from: Path) -> None:
+    """The Hub cache layout, written by hand: refs/main names a commit whose snapshot holds the files."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = hub_cache / ("models--" + repo_id.replace("/", "--"))
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    for path in files_from.iterdir():
+        (repo / "snapshots" / commit / path.name).write_bytes(path.read_bytes())
+
+
+def test_cli_imports_from_the_cache_offline(tmp_path):
+    reference = make_hf_model("LlamaForCausalLM")
+    reference.save_pretrained(tmp_path / "hf")
+    populate_cache(tmp_path / "home" / "hub", "tiny-org/tiny-llama", tmp_path / "hf")
+
+    done = cli("hf", "import", "tiny-org/tiny-llama", "--out", str(tmp_path / "imported"), env={"HF_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr
+    with torch.no_grad():
+        torch.testing.assert_close(load_model(tmp_path / "imported")(TOKENS), reference(TOKENS).logits, atol=1e-5, rtol=0)
+    assert json.loads((tmp_path / "imported" / "import.json").read_text())["source"] == "tiny-org/tiny-llama"
+
+
+def test_cli_offline_without_cache_names_the_local_path(tmp_path):
+    started = time.monotonic()
+    done = cli("hf", "import", "tiny-org/absent", env={"HF_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "1"}, timeout=30)
+    assert time.monotonic() - started < 15
+    assert done.returncode == 2, done.stderr
+    assert "HF_HUB_OFFLINE=1" in done.stderr and "currytrain hf import DIR" in done.stderr and "hf download tiny-org/absent" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_silent_hub_fails_within_seconds(tmp_path, monkeypatch):
+    """A Hub that accepts the connection and never answers: the cache is tried, then a clear error, no hang."""
+    from huggingface_hub import constants
+
+    from currytrain.hf.hub import resolve_source
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # never accepted, never answered
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    started = time.monotonic()
+    try:
+        with pytest.raises(ConfigError, match=r"did not answer within .*currytrain hf import DIR"):
+            resolve_source("tiny-org/absent")
+    finally:
+        silent.close()
+    assert time.monotonic() - started < 15
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_run_folder_exports_to_transformers(tmp_path):
+    run = tmp_path / "run"
+    trained = launch(
+        "data.max_bytes=300000",
+        "trainer.max_steps=2",
+        "optimizer.schedule.warmup_steps=0",
+        "logger=[jsonl]",
+        "model.dim=64",
+        "model.n_layers=2",
+        "model.n_heads=4",
+        "model.n_kv_heads=2",
+        "model.mlp_hidden=96",
+        "model.max_seq_len=64",
+        "model.tie_embeddings=true",
+        f"hydra.run.dir={run}",
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert (run / "checkpoints" / "step_2" / "COMPLETE").is_file()
+
+    done = cli("hf", "export", str(run), str(tmp_path / "exported"))
+    assert done.returncode == 0, done.stderr
+    exported = load_exported(tmp_path / "exported")
+    assert type(exported).__name__ == "LlamaForCausalLM" and exported.config.tie_word_embeddings
+    ours = load_model(run)
+    tokens = TOKENS % 256
+    with torch.no_grad():
+        torch.testing.assert_close(exported(tokens).logits, ours(tokens), atol=1e-5, rtol=0)
+    # The exported file holds the checkpoint's tensors, read here straight from DCP by name.
+    import torch.distributed.checkpoint as dcp
+
+    wanted = {"tok_embeddings.weight": torch.empty(256, 64), "layers.1.mlp.w2.weight": torch.empty(64, 96)}
+    dcp.load({"train": {"model": wanted}}, checkpoint_id=str(run / "checkpoints" / "step_2"), no_dist=True)
+    written = load_file(tmp_path / "exported" / "model.safetensors")
+    assert torch.equal(written["model.embed_tokens.weight"], wanted["tok_embeddings.weight"])
+    assert torch.equal(written["model.layers.1.mlp.down_proj.weight"], wanted["layers.1.mlp.w2.weight"])
+    assert not list((tmp_path / "exported").glob("*.bin"))
+
+    with pytest.raises(ConfigError, match="--overwrite"):
+        export_hf(run, tmp_path / "exported")
+    export_hf(run / "checkpoints" / "step_2", tmp_path / "exported", dtype="bfloat16", overwrite=True)
+    halved = load_file(tmp_path / "exported" / "model.safetensors")
+    assert "lm_head.weight" not in halved  # tied, as transformers itself saves it
+    assert halved["model.norm.weight"].dtype == torch.bfloat16
+    assert json.loads((tmp_path / "exported" / "config.json").read_text())["dtype"] == "bfloat16"
