@@ -99,10 +99,10 @@ def _family_of(hf_config: Any) -> Family:
 
 def _check_against_model(node: dict[str, Any], state: dict[str, torch.Tensor], what: str) -> None:
     """Build the curryTrain model on the meta device and compare names and shapes with `state`."""
-    from currytrain.build import build
+    from currytrain.model import build_model
 
     with torch.device("meta"):
-        model = build(OmegaConf.create(node))
+        model = build_model(OmegaConf.create(node))
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     if node.get("tie_embeddings"):
         expected.pop("output.weight", None)
@@ -201,9 +201,9 @@ def _load_checkpoint(node: dict[str, Any], checkpoint: Path) -> dict[str, torch.
     """The model weights of a DCP training checkpoint ({"train": {"model": ...}}), without its optimizer state."""
     import torch.distributed.checkpoint as dcp
 
-    from currytrain.build import build
+    from currytrain.model import build_model
 
-    model = build(OmegaConf.create(node))
+    model = build_model(OmegaConf.create(node))
     state = model.state_dict()
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -216,10 +216,10 @@ def _load_checkpoint(node: dict[str, Any], checkpoint: Path) -> dict[str, torch.
 
 def load_model(path: str | Path) -> torch.nn.Module:
     """The curryTrain model of an import folder, run folder or checkpoint folder, weights loaded, in eval mode."""
-    from currytrain.build import build
+    from currytrain.model import build_model
 
     node, state, _ = read_model(path)
-    model = build(OmegaConf.create(node))
+    model = build_model(OmegaConf.create(node))
     if node.get("tie_embeddings"):
         state = {**state, "output.weight": state["tok_embeddings.weight"]}
     model.load_state_dict(state, strict=True)
@@ -246,6 +246,8 @@ def write_hf(
     if isinstance(family, str):
         raise ConfigError(f"{what}: {family}")
     problems = family.export_problems(node)
+    if node.get("mup"):
+        problems.append("model.mup=true: its logit multiplier and attention scale have no Hugging Face equivalent (train with model.mup=false to export)")
     if problems:
         raise ConfigError(f"{what} cannot be exported as {family.architecture}: " + "; ".join(problems))
 
