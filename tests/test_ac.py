@@ -14,6 +14,7 @@ from currytrain.build import build
 from currytrain.model import build_model
 from currytrain.model.config import APPLIED_FROM_OUTSIDE, DecoderConfig
 from currytrain.model.gqa import Block, GQATransformer
+from currytrain.model.hooks import HasAuxiliaryLoss
 from currytrain.parallel.parallelize import apply_ac
 from currytrain.trainer.step import causal_lm_loss
 from currytrain.validate import validate
@@ -154,3 +155,30 @@ def test_a_run_trains_with_selective_op_ac(run_launch, tmp_path):
     events = [json.loads(line) for line in (tmp_path / "journal.jsonl").read_text().splitlines()]
     finish = [event for event in events if event.get("type") == "finish"]
     assert finish and finish[0]["step"] == 6
+
+
+@pytest.mark.parametrize("family", ["gqa", "moe", "spiking"])
+def test_every_decoder_family_gets_the_same_gradients_under_ac(family, compose_cfg):
+    """parallelize_decoder relies only on model.layers, so each family's gradients (auxiliary losses included) hold."""
+    settings = {"none": ["model.ac=none"], "full": ["model.ac=full"], "op": ["model.ac=selective", "model.ac_policy=op"]}
+    results = {}
+    for name, overrides in settings.items():
+        cfg = compose_cfg(f"model={family}", "model.n_layers=2", *overrides)
+        torch.manual_seed(0)
+        parallel = build(cfg.parallel)
+        model = parallel.apply(build_model(cfg.model), parallel.setup("cpu"), cfg.model)
+        assert all(isinstance(layer, CheckpointWrapper) for layer in model.layers) == (name != "none")
+        inputs, targets = _batch(seq_len=16)
+        loss = causal_lm_loss(model(inputs), targets)
+        if isinstance(model, HasAuxiliaryLoss):
+            loss = loss + model.auxiliary_loss()
+        loss.backward()
+        names = {id(tensor): key for key, tensor in model.state_dict(keep_vars=True).items()}
+        results[name] = (loss.detach(), {names[id(p)]: p.grad for p in model.parameters()})
+    reference_loss, reference = results["none"]
+    for name in ("full", "op"):
+        loss, grads = results[name]
+        assert torch.equal(loss, reference_loss), name
+        assert grads.keys() == reference.keys()
+        for key, grad in grads.items():
+            assert (grad - reference[key]).abs().max().item() <= 1e-6, (name, key)

@@ -171,3 +171,45 @@ def test_sgd_refuses_a_mup_model():
     model = GQATransformer(256, 64, 1, 4, 2, 128, 16, mup=True, mup_base_width=32)
     with pytest.raises(ConfigError, match="optimizer=adamw"):
         build_sgd(model, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.0)
+
+
+@pytest.mark.parametrize("family", ["gqa", "moe", "spiking"])
+def test_every_decoder_family_implements_mup(family, compose_cfg):
+    """At its base width a muP model is the standard one; wider, every matrix inside the blocks trains at
+    lr/width_multiplier and the logits carry 1/width_multiplier."""
+    sizes = [f"model={family}", "model.n_heads=4", "model.n_kv_heads=2"]
+    inputs, _ = _tokens(2, 16)
+    runs = []
+    for mup in ("false", "true"):
+        cfg = compose_cfg(*sizes, "model.dim=64", "model.mlp_hidden=128", f"model.mup={mup}", "model.mup_base_width=64")
+        torch.manual_seed(0)
+        model = build_model(cfg.model)
+        with torch.no_grad():
+            runs.append((model.state_dict(), model(inputs)))
+    (plain_state, plain_logits), (mup_state, mup_logits) = runs
+    assert all(torch.equal(plain_state[name], mup_state[name]) for name in plain_state)
+    assert torch.equal(plain_logits, mup_logits)
+
+    cfg = compose_cfg(*sizes, "model.dim=128", "model.mlp_hidden=256", "model.mup=true", "model.mup_base_width=32")
+    model = build_model(cfg.model)
+    optimizer = build(cfg.optimizer, exclude=["schedule"], model=model)
+    assert optimizer.param_groups[2]["lr"] == pytest.approx(cfg.optimizer.lr / 4)
+    in_blocks = {id(p) for p in model.layers.parameters() if p.dim() >= 2}
+    assert {id(p) for p in optimizer.param_groups[2]["params"]} == in_blocks
+    assert sum(len(group["params"]) for group in optimizer.param_groups) == len(list(model.parameters()))
+    readout = {}
+    model.output.register_forward_hook(lambda module, args, out: readout.__setitem__("raw", out))
+    with torch.no_grad():
+        logits = model(inputs)
+    torch.testing.assert_close(logits, readout["raw"] * (32 / 128), rtol=1e-6, atol=0)
+
+
+def test_a_mup_model_is_not_exported_to_hugging_face(compose_cfg, tmp_path):
+    pytest.importorskip("transformers")
+    from omegaconf import OmegaConf
+
+    from currytrain.hf.convert import write_hf
+
+    node = OmegaConf.to_container(compose_cfg("model.mup=true").model, resolve=True)
+    with pytest.raises(ConfigError, match="model.mup=true"):
+        write_hf(node, {}, tmp_path / "hf")
