@@ -14,7 +14,9 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from currytrain.errors import ConfigError
-from currytrain.model.config import AC_MODES, AC_POLICIES, SPIKE_RESETS, SPIKE_SURROGATES
+from currytrain.model.config import AC_MODES, AC_POLICIES, SPIKE_RESETS, SPIKE_SURROGATES, GQAConfig, MoEConfig, SpikingConfig
+from currytrain.optim.config import AdamWConfig
+from currytrain.parallel.config import SingleConfig
 
 EXIT_CONFIG_ERROR = 2
 DEVICES = ("auto", "cpu", "cuda")
@@ -40,13 +42,16 @@ def _check_model(model: DictConfig, problems: list[str]) -> None:
             f"model.n_heads={model.n_heads} does not divide model.dim={model.dim}: "
             f"choose model.n_heads in {_divisors(model.dim)[:12]}"
         )
-    elif (model.dim // model.n_heads) % 2:
-        problems.append(f"model.dim/model.n_heads={model.dim // model.n_heads} is odd, RoPE needs an even head size: change model.dim or model.n_heads")
     if model.n_heads % model.n_kv_heads:
         problems.append(
             f"model.n_kv_heads={model.n_kv_heads} does not divide model.n_heads={model.n_heads}: "
             f"choose model.n_kv_heads in {_divisors(model.n_heads)}"
         )
+
+
+def _check_rope(model: DictConfig, problems: list[str]) -> None:
+    if model.n_heads >= 1 and model.dim % model.n_heads == 0 and (model.dim // model.n_heads) % 2:
+        problems.append(f"model.dim/model.n_heads={model.dim // model.n_heads} is odd, RoPE needs an even head size: change model.dim or model.n_heads")
 
 
 def _check_ac_and_mup(model: DictConfig, problems: list[str]) -> None:
@@ -65,7 +70,7 @@ def _check_ac_and_mup(model: DictConfig, problems: list[str]) -> None:
 
 def _check_mup_optimizer(cfg: DictConfig, problems: list[str]) -> None:
     # Adam-family optimizers are the ones with betas; muP's per-layer rules here are Adam's.
-    if cfg.model.get("mup", False) and "betas" not in cfg.optimizer:
+    if cfg.model.get("mup", False) and not _is(cfg.optimizer, AdamWConfig):
         problems.append(f"model.mup=true sets Adam's per-layer learning rates, but optimizer builds {cfg.optimizer._target_}: pass optimizer=adamw, or model.mup=false")
 
 
@@ -165,7 +170,7 @@ def _check_trainer(trainer: DictConfig, schedule: DictConfig, problems: list[str
 def _check_parallel(cfg: DictConfig, problems: list[str]) -> None:
     if cfg.parallel.nproc < 1:
         problems.append(f"parallel.nproc={cfg.parallel.nproc} must be >= 1")
-    elif cfg.parallel._target_.endswith("SingleDevice") and cfg.parallel.nproc != 1:
+    elif _is(cfg.parallel, SingleConfig) and cfg.parallel.nproc != 1:
         problems.append(f"parallel.nproc={cfg.parallel.nproc} needs a multi-process strategy; parallel=single runs one process: pass parallel.nproc=1")
 
 
@@ -186,10 +191,10 @@ def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
     problems: list[str] = []
     try:
         _check_model(cfg.model, problems)
-        if "num_experts" in cfg.model:
-            _check_moe(cfg.model, problems)
-        if "surrogate" in cfg.model:
-            _check_spiking(cfg.model, problems)
+        for schema, checks in FAMILY_CHECKS.items():
+            if _is(cfg.model, schema):
+                for check in checks:
+                    check(cfg.model, problems)
         _check_data(cfg, problems)
         _check_optimizer(cfg.optimizer, problems)
         _check_mup_optimizer(cfg, problems)
@@ -201,6 +206,19 @@ def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
     except Exception as error:  # an interpolation that cannot resolve, a wrong type
         problems.append(f"the config cannot be read: {error}")
     return problems
+
+
+# Checks of one model family, selected by the schema the config was composed from.
+FAMILY_CHECKS = {
+    GQAConfig: (_check_rope,),
+    MoEConfig: (_check_rope, _check_moe),
+    SpikingConfig: (_check_spiking,),  # no RoPE: position comes from the causal mask
+}
+
+
+def _is(node: DictConfig, schema: type) -> bool:
+    node_type = OmegaConf.get_type(node)
+    return isinstance(node_type, type) and issubclass(node_type, schema)
 
 
 def format_problems(problems: list[str]) -> str:

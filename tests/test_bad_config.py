@@ -19,6 +19,7 @@ BAD_CONFIGS = [
     (["optimizer.lr=fast"], ["optimizer.lr", "could not be converted to Float"]),
     (["model.n_kv_heads=3"], ["model.n_kv_heads=3 does not divide model.n_heads=2", "choose model.n_kv_heads in [1, 2]"]),
     (["model.n_heads=3"], ["model.n_heads=3 does not divide model.dim=32"]),
+    (["model.n_heads=32"], ["model.dim/model.n_heads=1 is odd, RoPE needs an even head size"]),
     (["data=text"], ["data.paths is empty", "data.paths=["]),
     (["data=text", "data.paths=[/no/such/corpus]"], ["data.paths: /no/such/corpus does not exist"]),
     (["data.seq_len=64"], ["data.seq_len=64 exceeds model.max_seq_len=32"]),
