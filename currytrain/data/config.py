@@ -6,22 +6,31 @@ from dataclasses import dataclass, field
 
 
 @dataclass
-class StdlibBytesConfig:
-    """The embedded default corpus: the bytes of the running interpreter's standard-library sources."""
+class ByteCorpusConfig:
+    """Fields of every byte-level corpus (vocab 256, split into train/val by file)."""
 
-    _target_: str = "currytrain.data.corpus.StdlibBytes"
+    _target_: str = "???"
     seq_len: int = "${model.max_seq_len}"  # type: ignore[assignment]
     """Tokens per training sequence (bytes)."""
     val_fraction: float = 0.1
-    """Share of the files (not bytes) held out for validation, chosen before any processing."""
-    max_bytes: int = 16_000_000
-    """Cap on the bytes read (train and val together, in file order); 0 reads everything."""
+    """Share of the files (not bytes) held out for validation, chosen before any processing;
+    a single file is split at that byte offset instead."""
+    max_bytes: int = 0
+    """Cap on the bytes read (train and val share it in proportion); 0 reads everything."""
     seed: int = "${seed}"  # type: ignore[assignment]
     """Seed of the file split and of batch sampling."""
 
 
 @dataclass
-class TextConfig:
+class StdlibBytesConfig(ByteCorpusConfig):
+    """The embedded default corpus: the bytes of the running interpreter's standard-library sources."""
+
+    _target_: str = "currytrain.data.corpus.StdlibBytes"
+    max_bytes: int = 16_000_000
+
+
+@dataclass
+class TextConfig(ByteCorpusConfig):
     """The user's own text files or folders, byte-level (vocab 256)."""
 
     _target_: str = "currytrain.data.corpus.TextFiles"
@@ -29,14 +38,6 @@ class TextConfig:
     """Files or folders to read; folders are searched recursively for `suffixes`."""
     suffixes: list[str] = field(default_factory=lambda: [".txt", ".md", ".py"])
     """File endings read from folders (files named directly are always read)."""
-    seq_len: int = "${model.max_seq_len}"  # type: ignore[assignment]
-    """Tokens per training sequence (bytes)."""
-    val_fraction: float = 0.1
-    """Share of the files held out for validation; a single file is split at its byte offset instead."""
-    max_bytes: int = 0
-    """Cap on the bytes read; 0 reads everything."""
-    seed: int = "${seed}"  # type: ignore[assignment]
-    """Seed of the file split and of batch sampling."""
 
 
 @dataclass
