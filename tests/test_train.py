@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
 from conftest import launch
@@ -107,3 +108,15 @@ def test_incomplete_checkpoints_are_never_resumed_from(tmp_path):
     resume = next(e for e in read_journal(tmp_path / "journal.jsonl") if e["type"] == "resume")
     assert resume["step"] == 2 and resume["path"].endswith("step_2")
     assert find_checkpoint(tmp_path).name == "step_4"  # re-saved, complete this time
+
+
+@pytest.mark.slow
+def test_the_default_run_learns_the_stdlib_corpus(tmp_path):
+    """`make train` as shipped: the default config must end at <= 2.0 nats/byte (uniform is 5.55)."""
+    result = launch(f"hydra.run.dir={tmp_path}", tiny=False, timeout=900)
+    assert result.returncode == 0, result.stderr
+    finish = read_journal(tmp_path / "journal.jsonl")[-1]
+    assert finish["type"] == "finish" and finish["step"] == 300
+    assert finish["val_loss"] <= 2.0, finish
+    assert f"final val loss {finish['val_loss']:.4f}" in result.stdout
+    assert find_checkpoint(tmp_path).name == "step_300"
