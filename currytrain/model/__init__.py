@@ -9,7 +9,8 @@ Beyond forward(tokens) -> logits, a model may implement three optional methods t
 - mup_hidden_matrices() -> HiddenMatrices: with model.mup=true, the weights the optimizer builder
   trains with a width-scaled learning rate (muP).
 
-Every family keeps its blocks in `model.layers` (an nn.ModuleList): parallelize_decoder wraps them there.
+Every family subclasses Decoder (decoder.py): embedding, blocks in `model.layers` (an nn.ModuleList, where
+parallelize_decoder wraps them), final norm, readout, init and muP; the family file keeps its blocks.
 Build a model with build_model(cfg.model), which leaves out the config fields applied from outside.
 
 The protocols are in currytrain.model.hooks. This package imports no torch, so composing a

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from currytrain.model.hooks import HiddenMatrices
-from currytrain.model.layers import Attention, RMSNorm, SwiGLU, build_rope_cache
+from currytrain.model.decoder import Decoder, mup_attention_scale
+from currytrain.model.layers import Attention, RMSNorm, SwiGLU
 
 GATINGS = ("softmax", "sigmoid")
 
@@ -275,14 +275,20 @@ class MoEBlock(nn.Module):
         x = x + self.attention(self.attention_norm(x), cos, sin)
         return x + self.moe(self.mlp_norm(x))
 
+    def residual_projections(self) -> tuple[nn.Linear, ...]:
+        """The linears that write into the residual stream (scaled down with depth at init): attention wo and the
+        shared expert's w2. The routed experts' w2 gets the same std from GroupedExperts.reset_parameters."""
+        shared = self.moe.shared_expert
+        return (self.attention.wo,) if shared is None else (self.attention.wo, shared.w2)
 
-class MoETransformer(nn.Module):
+
+class MoETransformer(Decoder):
     """Token ids (batch, seq) -> next-token logits (batch, seq, vocab_size), every MLP a routed MoE.
 
     After each forward, auxiliary_loss() holds the weighted balance and z losses (the trainer adds it
     to the task loss) and training_metrics() the per-layer expert load, drop rate and losses.
 
-    muP (mup=true) follows GQATransformer; the experts and the router count as hidden matrices (the
+    muP (mup=true) is the Decoder's; the experts and the router count as hidden matrices (the
     router's logits then keep their base-width size at init and move by a width-independent amount).
     """
 
@@ -311,86 +317,40 @@ class MoETransformer(nn.Module):
         mup: bool = False,
         mup_base_width: int = 128,
     ):
-        super().__init__()
-        self.vocab_size = vocab_size
-        self.max_seq_len = max_seq_len
-        self.init_std = init_std
-        self.mup = mup
-        self.width_multiplier = dim / mup_base_width if mup else 1.0
-        # muP's 1/head_dim attention, equal to 1/sqrt(head_dim) at the base width (see GQATransformer).
-        attention_scale = 1.0 / math.sqrt(dim // n_heads * self.width_multiplier) if mup else None
+        head_dim = dim // n_heads
+        attention_scale = mup_attention_scale(head_dim, dim, mup, mup_base_width)
+
+        def build_block() -> MoEBlock:
+            moe = MoE(
+                dim,
+                num_experts,
+                top_k,
+                expert_hidden,
+                gating=gating,
+                renormalize=renormalize,
+                capacity_factor=capacity_factor,
+                shared_hidden=mlp_hidden if shared_expert else 0,
+            )
+            return MoEBlock(dim, n_heads, n_kv_heads, norm_eps, moe, attention_scale=attention_scale)
+
+        super().__init__(
+            vocab_size, dim, n_layers, max_seq_len, norm_eps, tie_embeddings, init_std, mup, mup_base_width,
+            build_block=build_block,
+            rope_head_dim=head_dim,
+            rope_theta=rope_theta,
+        )
         self.aux_loss_coef = aux_loss_coef
         self.z_loss_coef = z_loss_coef
-        self.tok_embeddings = nn.Embedding(vocab_size, dim)
-        self.layers = nn.ModuleList(
-            MoEBlock(
-                dim,
-                n_heads,
-                n_kv_heads,
-                norm_eps,
-                MoE(
-                    dim,
-                    num_experts,
-                    top_k,
-                    expert_hidden,
-                    gating=gating,
-                    renormalize=renormalize,
-                    capacity_factor=capacity_factor,
-                    shared_hidden=mlp_hidden if shared_expert else 0,
-                ),
-                attention_scale=attention_scale,
-            )
-            for _ in range(n_layers)
-        )
-        self.norm = RMSNorm(dim, norm_eps)
-        self.output = nn.Linear(dim, vocab_size, bias=False)
-        if tie_embeddings:
-            self.output.weight = self.tok_embeddings.weight
-        cos, sin = build_rope_cache(max_seq_len, dim // n_heads, rope_theta)
-        # Non-persistent: derived from the config, so checkpoints and HF exports carry only weights.
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
-        self.reset_parameters()
 
-    def _hidden_linears(self) -> list[nn.Linear]:
-        """Every linear layer inside the blocks: attention projections, routers, shared experts."""
-        return [module for block in self.layers for module in block.modules() if isinstance(module, nn.Linear)]
-
-    @torch.no_grad()
-    def reset_parameters(self) -> None:
-        hidden = {id(module) for module in self._hidden_linears()}
-        # muP: a hidden matrix's std goes as 1/sqrt(fan_in), relative to the base width (1.0 with mup off).
-        hidden_scale = 1.0 / math.sqrt(self.width_multiplier)
-        # Residual-output projections (attention wo, expert w2, shared expert w2) are scaled down with
-        # depth (GPT-2) so the stream's variance does not grow with n_layers at init.
-        residual_std = self.init_std / math.sqrt(2 * len(self.layers)) * hidden_scale
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                std = self.init_std * hidden_scale if id(module) in hidden else self.init_std
-                nn.init.normal_(module.weight, std=std)
-            elif isinstance(module, GroupedExperts):
-                module.reset_parameters(self.init_std * hidden_scale, residual_std)
-            elif isinstance(module, RMSNorm):
-                module.reset_parameters()
-        for layer in self.layers:
-            nn.init.normal_(layer.attention.wo.weight, std=residual_std)
-            if layer.moe.shared_expert is not None:
-                nn.init.normal_(layer.moe.shared_expert.w2.weight, std=residual_std)
-
-    def mup_hidden_matrices(self) -> HiddenMatrices:
-        """muP's hidden weights: the blocks' linear layers and the stacked expert weights; none with mup off."""
-        if not self.mup:
-            return HiddenMatrices(1.0, [])
+    def _hidden_matrices(self) -> list[nn.Parameter]:
+        """The blocks' linear layers (attention, routers, shared experts), then the stacked expert weights."""
         experts = [param for block in self.layers for module in block.modules() if isinstance(module, GroupedExperts) for param in module.parameters()]
-        return HiddenMatrices(self.width_multiplier, [module.weight for module in self._hidden_linears()] + experts)
+        return super()._hidden_matrices() + experts
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.tok_embeddings(tokens)
-        for layer in self.layers:
-            h = layer(h, self.rope_cos, self.rope_sin)
-        logits = self.output(self.norm(h))
-        # muP readout (see GQATransformer).
-        return logits / self.width_multiplier if self.mup else logits
+    def _reset_other(self, module: nn.Module, hidden_std: float, residual_std: float) -> None:
+        if isinstance(module, GroupedExperts):
+            # w1 and w3 are hidden matrices; w2 writes into the residual stream.
+            module.reset_parameters(hidden_std, residual_std)
 
     def auxiliary_loss(self) -> torch.Tensor:
         """aux_loss_coef * balance loss + z_loss_coef * z-loss of the last forward, summed over layers."""

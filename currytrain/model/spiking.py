@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from currytrain.model.config import SPIKE_RESETS, SPIKE_SURROGATES
-from currytrain.model.hooks import HiddenMatrices
+from currytrain.model.decoder import Decoder
 from currytrain.model.layers import RMSNorm
 
 # --- Surrogate derivatives -------------------------------------------------------------------------
@@ -248,14 +248,14 @@ class SpikingBlock(nn.Module):
         }
 
 
-class SpikingTransformer(nn.Module):
+class SpikingTransformer(Decoder):
     """Token ids (batch, seq) -> next-token logits (batch, seq, vocab_size), via T timesteps of spikes.
 
     Readout: the residual stream is averaged over the T steps (a rate code), then normed and projected
     once. Averaging the logits instead would cost T vocabulary projections for what differs only by
     where the final RMSNorm sits.
 
-    muP (mup=true) follows GQATransformer for init, learning rates and the readout; the spiking
+    muP (mup=true) is the Decoder's (init, learning rates, readout); the spiking
     attention already divides its scores by head_dim, muP's own attention scaling.
     """
 
@@ -282,47 +282,20 @@ class SpikingTransformer(nn.Module):
         mup: bool = False,
         mup_base_width: int = 128,
     ):
-        super().__init__()
         if timesteps < 1:
             raise ValueError(f"timesteps={timesteps} must be >= 1")
-        self.vocab_size = vocab_size
-        self.max_seq_len = max_seq_len
-        self.init_std = init_std
-        self.mup = mup
-        self.width_multiplier = dim / mup_base_width if mup else 1.0
-        self.timesteps = timesteps
         neuron = dict(
             tau=tau, threshold=threshold, reset=reset, surrogate=surrogate, slope=surrogate_slope, detach_reset=detach_reset
         )
-        self.tok_embeddings = nn.Embedding(vocab_size, dim)
-        self.layers = nn.ModuleList(
-            SpikingBlock(dim, n_heads, n_kv_heads, mlp_hidden, norm_eps, neuron) for _ in range(n_layers)
+
+        def build_block() -> SpikingBlock:
+            return SpikingBlock(dim, n_heads, n_kv_heads, mlp_hidden, norm_eps, neuron)
+
+        super().__init__(
+            vocab_size, dim, n_layers, max_seq_len, norm_eps, tie_embeddings, init_std, mup, mup_base_width,
+            build_block=build_block,
         )
-        self.norm = RMSNorm(dim, norm_eps)
-        self.output = nn.Linear(dim, vocab_size, bias=False)
-        if tie_embeddings:
-            self.output.weight = self.tok_embeddings.weight
-        self.reset_parameters()
-
-    def _hidden_linears(self) -> list[nn.Linear]:
-        """Every linear layer inside the blocks: Q/K/V, attention output, MLP."""
-        return [module for block in self.layers for module in block.modules() if isinstance(module, nn.Linear)]
-
-    @torch.no_grad()
-    def reset_parameters(self) -> None:
-        hidden = {id(module) for module in self._hidden_linears()}
-        # muP: a hidden matrix's std goes as 1/sqrt(fan_in), relative to the base width (1.0 with mup off).
-        hidden_scale = 1.0 / math.sqrt(self.width_multiplier)
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, std=self.init_std * hidden_scale if id(module) in hidden else self.init_std)
-            elif isinstance(module, RMSNorm):
-                module.reset_parameters()
-        # As in GQATransformer: residual writes shrink with depth so the stream's variance stays flat at init.
-        residual_std = self.init_std / math.sqrt(2 * len(self.layers)) * hidden_scale
-        for layer in self.layers:
-            for linear in layer.residual_projections():
-                nn.init.normal_(linear.weight, std=residual_std)
+        self.timesteps = timesteps
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         embedded = self.tok_embeddings(tokens)
@@ -330,15 +303,7 @@ class SpikingTransformer(nn.Module):
         x = embedded.unsqueeze(0).expand(self.timesteps, *embedded.shape)
         for layer in self.layers:
             x = layer(x)
-        logits = self.output(self.norm(x.mean(0)))
-        # muP readout (see GQATransformer).
-        return logits / self.width_multiplier if self.mup else logits
-
-    def mup_hidden_matrices(self) -> HiddenMatrices:
-        """muP's hidden weights (every linear layer inside the blocks); none with mup off."""
-        if not self.mup:
-            return HiddenMatrices(1.0, [])
-        return HiddenMatrices(self.width_multiplier, [module.weight for module in self._hidden_linears()])
+        return self.readout(x.mean(0))
 
     def training_metrics(self) -> dict[str, float]:
         """Firing rate (spikes per neuron per timestep, in [0, 1]) of every LIF layer in the last forward."""
