@@ -39,7 +39,14 @@ def build(cfg: DictConfig, *, exclude: Iterable[str] = (), **runtime: Any) -> An
     if collisions:
         raise ConfigError(f"build({cfg._target_}): runtime arguments {collisions} collide with config fields of the same name")
     node = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k not in set(exclude)]) if exclude else cfg
+    from hydra.errors import InstantiationException
     from hydra.utils import instantiate  # deferred: keeps `import currytrain.build` cheap
 
     log.debug("build %s", cfg._target_)
-    return instantiate(node, _convert_="all", **runtime)
+    try:
+        return instantiate(node, _convert_="all", **runtime)
+    except InstantiationException as error:
+        # A component's own ConfigError is the user's message: pass it on unwrapped.
+        if isinstance(error.__cause__, ConfigError):
+            raise error.__cause__ from None
+        raise

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from currytrain.errors import ConfigError
 from currytrain.journal import Journal, config_diff
 from currytrain.validate import exit_on_problems, validate
 
@@ -49,7 +50,14 @@ def run(cfg: DictConfig) -> float:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     exit_on_problems(validate(cfg))
     resolved_path = write_run_record(cfg, run_dir, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.cwd))
-    return run_worker(resolved_path)
+    try:
+        return run_worker(resolved_path)
+    except ConfigError as error:
+        # What validation cannot see before building (a corpus shorter than one sequence): still the
+        # user's to fix, so one message and exit code 2 rather than a traceback.
+        Journal(run_dir / "journal.jsonl").event("config_error", message=str(error))
+        exit_on_problems([str(error)])
+        raise  # unreachable: exit_on_problems exits
 
 
 def run_worker(resolved_path: Path) -> float:

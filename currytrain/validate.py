@@ -13,6 +13,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from currytrain.data.config import TextConfig
+from currytrain.data.files import find_text_files
 from currytrain.errors import ConfigError
 from currytrain.model.config import AC_MODES, AC_POLICIES, SPIKE_RESETS, SPIKE_SURROGATES, GQAConfig, MoEConfig, SpikingConfig
 from currytrain.optim.config import AdamWConfig
@@ -117,12 +119,8 @@ def _check_data(cfg: DictConfig, problems: list[str]) -> None:
     data_vocab = data.vocab_size if "vocab_size" in data else BYTE_VOCAB
     if "vocab_size" in model and data_vocab > model.vocab_size:
         problems.append(f"model.vocab_size={model.vocab_size} is smaller than the data's vocabulary ({data_vocab}): pass model.vocab_size={data_vocab}")
-    if "paths" in data:
-        if not data.paths:
-            problems.append("data.paths is empty: pass data.paths=[/path/to/file_or_folder]")
-        for entry in data.paths:
-            if not Path(entry).expanduser().exists():
-                problems.append(f"data.paths: {entry} does not exist: pass an existing file or folder")
+    if _is(data, TextConfig):
+        problems.extend(find_text_files(data.paths, data.suffixes)[1])
 
 
 def _check_optimizer(opt: DictConfig, problems: list[str]) -> None:

@@ -46,6 +46,26 @@ def test_bad_config_exits_2_with_one_clear_message(overrides, expected, tmp_path
     assert not run_dir.exists(), "a rejected config must write nothing"
 
 
+def test_text_folders_without_usable_files_are_rejected_before_anything_is_written(tmp_path):
+    empty = tmp_path / "corpus"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("")
+    (empty / "image.png").write_bytes(b"png")
+    run_dir = tmp_path / "run"
+    result = launch("data=text", f"data.paths=[{empty}]", f"hydra.run.dir={run_dir}")
+    assert result.returncode == 2
+    assert f"data.paths: {empty} holds no non-empty file ending in ['.txt', '.md', '.py']" in result.stderr
+    assert not run_dir.exists()
+
+
+def test_a_corpus_too_short_for_one_sequence_exits_2_without_a_traceback(tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("only a few bytes")
+    result = launch("data=text", f"data.paths=[{short}]", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 2, result.stderr
+    assert "too small for data.seq_len=32" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_all_problems_are_reported_at_once(tmp_path):
     result = launch("optimizer.lr=-1", "model.n_kv_heads=3", "trainer.device=tpu", f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 2

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from currytrain.data.files import find_text_files
 from currytrain.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -133,18 +134,9 @@ class TextFiles(ByteCorpus):
 
 def collect_text_files(paths: list[str], suffixes) -> list[Path]:
     """Resolve data.paths into a list of non-empty files, or raise a ConfigError naming what is wrong."""
-    if not paths:
-        raise ConfigError("data.paths is empty: pass data.paths=[/path/to/file_or_folder]")
-    files: list[Path] = []
-    for entry in paths:
-        path = Path(entry).expanduser()
-        if not path.exists():
-            raise ConfigError(f"data.paths: {entry} does not exist: pass existing files or folders")
-        found = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in suffixes)
-        found = [p for p in found if p.stat().st_size > 0]
-        if not found:
-            raise ConfigError(f"data.paths: {entry} holds no non-empty file ending in {list(suffixes)}: check the path or data.suffixes")
-        files.extend(found)
+    files, problems = find_text_files(paths, suffixes)
+    if problems:
+        raise ConfigError("; ".join(problems))
     return files
 
 
