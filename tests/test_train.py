@@ -40,6 +40,8 @@ def test_launch_writes_a_complete_run_folder(tmp_path):
     assert header["config_diff"]["model.dim"] == {"default": 128, "value": 32}
     kinds = [event["type"] for event in journal]
     assert kinds[1] == "start" and kinds[-1] == "finish" and kinds.count("checkpoint") == 3 and "eval" in kinds
+    curve = {e["step"]: e["train/loss"] for e in journal if e["type"] == "metrics"}
+    assert curve == _losses(run_dir) and sorted(curve) == [1, 2, 3, 4, 5, 6]
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

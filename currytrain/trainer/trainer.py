@@ -109,6 +109,8 @@ class Trainer:
             if isinstance(self.model, HasTrainingMetrics):
                 metrics.update(self.model.training_metrics())
             self.loggers.log_metrics(metrics, step)
+            # The journal keeps the curves too, so a run folder is comparable whatever loggers ran.
+            self.journal.event("metrics", step=step, **metrics)
         if step % cfg.eval_every == 0 and step != cfg.max_steps:
             self.evaluate()
         # 7. checkpoint
