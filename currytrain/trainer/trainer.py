@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from currytrain.build import build
 from currytrain.checkpoint import Checkpointer, TrainState, find_checkpoint
@@ -49,6 +49,7 @@ class Trainer:
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", self.cfg.keep_last, self.state.is_main)
         self.journal = Journal(self.run_dir / "journal.jsonl", enabled=self.state.is_main)
         self.loggers = build_loggers(cfg.logger, self.run_dir, enabled=self.state.is_main)
+        self.loggers.log_config(OmegaConf.to_container(cfg, resolve=True))
         self.autocast_dtype = PRECISION_DTYPES[self.cfg.precision]
         self.tokens_per_step = self.cfg.batch_size * self.cfg.grad_accum * self.data.seq_len * self.state.dp_size
 
