@@ -161,6 +161,8 @@ def _check_trainer(trainer: DictConfig, schedule: DictConfig, problems: list[str
             problems.append("trainer.device=cuda but no CUDA device is visible: pass trainer.device=auto (or cpu)")
     if trainer.precision not in PRECISIONS:
         problems.append(f"trainer.precision={trainer.precision} is not one of {list(PRECISIONS)}: pass trainer.precision=fp32")
+    if trainer.init_from != "none" and not Path(trainer.init_from).expanduser().exists():
+        problems.append(f"trainer.init_from={trainer.init_from} does not exist: pass an import folder (currytrain hf import), a run folder or a checkpoint")
     if trainer.resume not in ("none", "auto") and not Path(trainer.resume).expanduser().exists():
         problems.append(f"trainer.resume={trainer.resume} does not exist: pass trainer.resume=auto, none, or an existing run folder or checkpoint")
 

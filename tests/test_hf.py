@@ -367,3 +367,31 @@ def test_run_folder_exports_to_transformers(tmp_path):
     assert "lm_head.weight" not in halved  # tied, as transformers itself saves it
     assert halved["model.norm.weight"].dtype == torch.bfloat16
     assert json.loads((tmp_path / "exported" / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_training_starts_from_imported_weights(tmp_path):
+    """trainer.init_from=<import>: a config that does not match names every override; one that does loads the weights."""
+    make_hf_model("LlamaForCausalLM").save_pretrained(tmp_path / "hf")
+    imported = import_hf(str(tmp_path / "hf"), tmp_path / "imported")
+    common = ["data=synthetic", "trainer.max_steps=2", "optimizer.schedule.warmup_steps=1", f"trainer.init_from={imported}"]
+
+    mismatch = launch(*common, f"hydra.run.dir={tmp_path / 'bad'}", tiny=False)
+    assert mismatch.returncode == 2, mismatch.stderr
+    fix = mismatch.stderr.split("pass ", 1)[1].split()
+    assert {"model.dim=64", "model.n_layers=2", "model.vocab_size=128"} <= set(fix) and "Traceback" not in mismatch.stderr
+
+    run_dir = tmp_path / "run"
+    result = launch(*common, *fix, "trainer.progress=false", f"hydra.run.dir={run_dir}", tiny=False)
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines()]
+    assert [e["path"] for e in events if e["type"] == "init_from"] == [str(imported)]
+
+    from omegaconf import OmegaConf
+
+    from currytrain.trainer.trainer import Trainer
+
+    trainer = Trainer(OmegaConf.load(run_dir / "resolved.yaml"), tmp_path / "inspect")
+    trainer.maybe_init_from()
+    _, state, _ = read_model(imported)
+    for name, tensor in state.items():
+        torch.testing.assert_close(trainer.model.state_dict()[name], tensor, rtol=0, atol=0)

@@ -27,6 +27,9 @@ class TrainerConfig:
     """Complete checkpoints kept in <run>/checkpoints; older ones are deleted."""
     resume: str = "none"
     """none, auto (latest complete checkpoint of this run folder), or a path to a run folder or checkpoint."""
+    init_from: str = "none"
+    """none, or model weights to start from (an `currytrain hf import` folder, a run folder or a checkpoint):
+    weights only, fresh optimizer and step 0. Ignored when trainer.resume finds a checkpoint."""
     device: str = "auto"
     """auto (cuda when present, else cpu), cpu or cuda."""
     precision: str = "fp32"

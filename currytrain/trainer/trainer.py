@@ -17,6 +17,7 @@ from currytrain.errors import ConfigError
 from currytrain.journal import Journal
 from currytrain.logger.base import MultiLogger
 from currytrain.model import build_model
+from currytrain.model.config import APPLIED_FROM_OUTSIDE
 from currytrain.model.hooks import HasTrainingMetrics
 from currytrain.optim.builders import build_scheduler
 from currytrain.parallel.state import ParallelState
@@ -37,6 +38,7 @@ def build_loggers(logger_cfg: DictConfig, run_dir: Path, enabled: bool) -> Multi
 class Trainer:
     def __init__(self, cfg: DictConfig, run_dir: Path):
         self.cfg = cfg.trainer
+        self.model_cfg = cfg.model
         self.run_dir = Path(run_dir)
         self.parallel = build(cfg.parallel)
         self.state: ParallelState = self.parallel.setup(self.cfg.device)
@@ -59,7 +61,8 @@ class Trainer:
 
     def train(self) -> float:
         """Run to trainer.max_steps (resuming first if asked) and return the final val loss."""
-        self.maybe_resume()
+        if not self.maybe_resume():
+            self.maybe_init_from()
         num_params = sum(p.numel() for p in self.model.parameters())
         self.journal.event("start", step=self.step, num_params=num_params, device=str(self.state.device), data=self.data.describe())
         log.info("model: %.2fM parameters on %s; %d tokens per step", num_params / 1e6, self.state.device, self.tokens_per_step)
@@ -141,17 +144,39 @@ class Trainer:
         path = self.checkpointer.save(self.train_state)
         self.journal.event("checkpoint", step=self.step, path=str(path.relative_to(self.run_dir)))
 
-    def maybe_resume(self) -> None:
+    def maybe_resume(self) -> bool:
+        """Load the checkpoint trainer.resume points at; True when the run continues from one."""
         resume = self.cfg.resume
         if resume == "none":
-            return
+            return False
         location = self.run_dir if resume == "auto" else Path(resume).expanduser()
         path = find_checkpoint(location)
         if path is None:
             if resume == "auto":
                 log.info("trainer.resume=auto: no complete checkpoint in %s, starting fresh", location)
-                return
+                return False
             raise ConfigError(f"trainer.resume={resume} holds no complete checkpoint: pass trainer.resume=auto or a checkpoint folder")
         self.checkpointer.load(path, self.train_state)
         self.journal.event("resume", step=self.step, path=str(path))
         log.info("resumed from %s at step %d", path, self.step)
+        return True
+
+    def maybe_init_from(self) -> None:
+        """Start from the weights trainer.init_from points at (an HF import, a run or a checkpoint)."""
+        if self.cfg.init_from == "none":
+            return
+        from currytrain.hf.convert import read_model  # reads import folders through safetensors
+
+        node, state, _ = read_model(self.cfg.init_from)
+        if node["_target_"] != self.model_cfg._target_:
+            raise ConfigError(f"trainer.init_from={self.cfg.init_from} holds a {node['_target_']}, the config builds {self.model_cfg._target_}: choose the matching model=")
+        architecture = {key: value for key, value in node.items() if key not in APPLIED_FROM_OUTSIDE and key in self.model_cfg}
+        mismatched = {key: value for key, value in architecture.items() if self.model_cfg[key] != value}
+        if mismatched:
+            fix = " ".join(f"model.{key}={value}" for key, value in mismatched.items())
+            raise ConfigError(f"trainer.init_from={self.cfg.init_from} holds a model the config does not describe: pass {fix}")
+        if node.get("tie_embeddings"):
+            state = {**state, "output.weight": state["tok_embeddings.weight"]}
+        self.model.load_state_dict(state, strict=True)
+        self.journal.event("init_from", path=str(self.cfg.init_from))
+        log.info("initialised the model from %s", self.cfg.init_from)
