@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from currytrain.data.config import TextConfig
 from currytrain.data.files import find_text_files
 from currytrain.errors import ConfigError
+from currytrain.weights import architecture_mismatch, model_node_of
 from currytrain.model.config import AC_MODES, AC_POLICIES, SPIKE_RESETS, SPIKE_SURROGATES, GQAConfig, MoEConfig, SpikingConfig
 from currytrain.optim.config import AdamWConfig
 from currytrain.parallel.config import SingleConfig
@@ -161,10 +162,19 @@ def _check_trainer(trainer: DictConfig, schedule: DictConfig, problems: list[str
             problems.append("trainer.device=cuda but no CUDA device is visible: pass trainer.device=auto (or cpu)")
     if trainer.precision not in PRECISIONS:
         problems.append(f"trainer.precision={trainer.precision} is not one of {list(PRECISIONS)}: pass trainer.precision=fp32")
-    if trainer.init_from != "none" and not Path(trainer.init_from).expanduser().exists():
-        problems.append(f"trainer.init_from={trainer.init_from} does not exist: pass an import folder (currytrain hf import), a run folder or a checkpoint")
     if trainer.resume not in ("none", "auto") and not Path(trainer.resume).expanduser().exists():
         problems.append(f"trainer.resume={trainer.resume} does not exist: pass trainer.resume=auto, none, or an existing run folder or checkpoint")
+
+
+def _check_init_from(cfg: DictConfig, problems: list[str]) -> None:
+    init_from = cfg.trainer.init_from
+    if init_from == "none":
+        return
+    node = model_node_of(init_from) if Path(init_from).expanduser().exists() else None
+    if node is None:
+        problems.append(f"trainer.init_from={init_from} is not an import folder (currytrain hf import), a run folder or a checkpoint: pass one of those")
+    elif problem := architecture_mismatch(node, OmegaConf.to_container(cfg.model, resolve=True)):
+        problems.append(f"trainer.init_from={init_from} {problem}")
 
 
 def _check_parallel(cfg: DictConfig, problems: list[str]) -> None:
@@ -199,6 +209,7 @@ def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         _check_optimizer(cfg.optimizer, problems)
         _check_mup_optimizer(cfg, problems)
         _check_trainer(cfg.trainer, cfg.optimizer.schedule, problems)
+        _check_init_from(cfg, problems)
         _check_parallel(cfg, problems)
         _check_run_dir(cfg, run_dir, problems)
         if not cfg.logger:

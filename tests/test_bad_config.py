@@ -26,7 +26,7 @@ BAD_CONFIGS = [
     (["trainer.device=tpu"], ["trainer.device=tpu", "trainer.device=auto"]),
     (["trainer.precision=fp8"], ["trainer.precision=fp8"]),
     (["trainer.resume=/no/such/run"], ["trainer.resume=/no/such/run does not exist"]),
-    (["trainer.init_from=/no/such/weights"], ["trainer.init_from=/no/such/weights does not exist"]),
+    (["trainer.init_from=/no/such/weights"], ["trainer.init_from=/no/such/weights is not an import folder"]),
     (["optimizer.schedule.warmup_steps=50"], ["optimizer.schedule.warmup_steps=50 is not below trainer.max_steps=6"]),
     (["optimizer.schedule.kind=step"], ["optimizer.schedule.kind=step"]),
     (["trainer.batch_size=0"], ["trainer.batch_size=0 must be >= 1"]),

@@ -379,6 +379,7 @@ def test_training_starts_from_imported_weights(tmp_path):
     assert mismatch.returncode == 2, mismatch.stderr
     fix = mismatch.stderr.split("pass ", 1)[1].split()
     assert {"model.dim=64", "model.n_layers=2", "model.vocab_size=128"} <= set(fix) and "Traceback" not in mismatch.stderr
+    assert not (tmp_path / "bad").exists(), "caught by validation, before the run folder is made"
 
     run_dir = tmp_path / "run"
     result = launch(*common, *fix, "trainer.progress=false", f"hydra.run.dir={run_dir}", tiny=False)

@@ -17,12 +17,12 @@ from currytrain.errors import ConfigError
 from currytrain.journal import Journal
 from currytrain.logger.base import MultiLogger
 from currytrain.model import build_model
-from currytrain.model.config import APPLIED_FROM_OUTSIDE
 from currytrain.model.hooks import HasTrainingMetrics
 from currytrain.optim.builders import build_scheduler
 from currytrain.parallel.state import ParallelState
 from currytrain.trainer.progress import Progress
 from currytrain.trainer.step import causal_lm_loss, run_accumulated_step
+from currytrain.weights import architecture_mismatch
 
 log = logging.getLogger(__name__)
 
@@ -168,13 +168,9 @@ class Trainer:
         from currytrain.hf.convert import read_model  # reads import folders through safetensors
 
         node, state, _ = read_model(self.cfg.init_from)
-        if node["_target_"] != self.model_cfg._target_:
-            raise ConfigError(f"trainer.init_from={self.cfg.init_from} holds a {node['_target_']}, the config builds {self.model_cfg._target_}: choose the matching model=")
-        architecture = {key: value for key, value in node.items() if key not in APPLIED_FROM_OUTSIDE and key in self.model_cfg}
-        mismatched = {key: value for key, value in architecture.items() if self.model_cfg[key] != value}
-        if mismatched:
-            fix = " ".join(f"model.{key}={value}" for key, value in mismatched.items())
-            raise ConfigError(f"trainer.init_from={self.cfg.init_from} holds a model the config does not describe: pass {fix}")
+        problem = architecture_mismatch(node, self.model_cfg)
+        if problem:  # validation catches this first; a folder changed since is caught here
+            raise ConfigError(f"trainer.init_from={self.cfg.init_from} {problem}")
         if node.get("tie_embeddings"):
             state = {**state, "output.weight": state["tok_embeddings.weight"]}
         self.model.load_state_dict(state, strict=True)
