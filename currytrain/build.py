@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from currytrain.errors import ConfigError
 
@@ -15,12 +15,16 @@ ALLOWED_PREFIXES = ("currytrain.", "torch.", "experiments.")
 
 
 def _targets(node: Any, path: str) -> Iterable[tuple[str, str]]:
+    """Every (key, _target_) in the subtree: instantiate builds targets inside lists too."""
     if isinstance(node, DictConfig):
         target = node.get("_target_")
         if target is not None:
             yield path, str(target)
         for key in node.keys():
             yield from _targets(node._get_node(key), f"{path}.{key}" if path else str(key))
+    elif isinstance(node, ListConfig):
+        for index in range(len(node)):
+            yield from _targets(node._get_node(index), f"{path}[{index}]")
 
 
 def build(cfg: DictConfig, *, exclude: Iterable[str] = (), **runtime: Any) -> Any:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 import shutil
 import time
 import warnings
@@ -25,11 +24,10 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.stateful import Stateful
 
 from currytrain.errors import ConfigError
+from currytrain.weights import MARKER, STEP_DIR, complete_checkpoints, find_checkpoint, is_complete
 
 log = logging.getLogger(__name__)
 
-MARKER = "COMPLETE"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 class TrainState(Stateful):
@@ -73,31 +71,6 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def is_complete(path: Path) -> bool:
-    return (Path(path) / MARKER).is_file()
-
-
-def complete_checkpoints(folder: Path) -> list[Path]:
-    """Complete step_N folders of a checkpoints folder, oldest first."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _STEP_DIR.match(p.name)) and is_complete(p)]
-    return [path for _, path in sorted(found)]
-
-
-def find_checkpoint(location: Path) -> Path | None:
-    """The checkpoint to resume from: a checkpoint folder itself, or the latest complete one of a run folder."""
-    location = Path(location)
-    if is_complete(location):
-        return location
-    for folder in (location / "checkpoints", location):
-        found = complete_checkpoints(folder)
-        if found:
-            return found[-1]
-    return None
-
-
 class Checkpointer:
     def __init__(self, folder: Path, keep_last: int, is_main: bool):
         self.folder = Path(folder)
@@ -127,7 +100,7 @@ class Checkpointer:
         newest = complete[-1] if complete else None
         for path in self.folder.iterdir():
             # Leftovers of interrupted saves older than the newest complete one can never be used.
-            match = _STEP_DIR.match(path.name)
+            match = STEP_DIR.match(path.name)
             if match and not is_complete(path) and newest is not None and int(match.group(1)) < int(newest.name[5:]):
                 shutil.rmtree(path, ignore_errors=True)
 

@@ -13,9 +13,7 @@ import argparse
 import logging
 import sys
 
-from currytrain.errors import ConfigError
-
-EXIT_CONFIG_ERROR = 2
+from currytrain.errors import EXIT_CONFIG_ERROR, ConfigError
 
 
 def _hf_import(args: argparse.Namespace) -> None:

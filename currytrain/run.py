@@ -48,7 +48,8 @@ def run(cfg: DictConfig) -> float:
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    exit_on_problems(validate(cfg))
+    # Again per job: a multirun's jobs are composed after on_multirun_start, each into its own folder.
+    exit_on_problems(validate(cfg, str(run_dir)))
     resolved_path = write_run_record(cfg, run_dir, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.cwd))
     try:
         return run_worker(resolved_path)

@@ -12,21 +12,18 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from currytrain.data.config import TextConfig
-from currytrain.data.files import find_text_files
-from currytrain.errors import ConfigError
-from currytrain.weights import architecture_mismatch, model_node_of
-from currytrain.model.config import AC_MODES, AC_POLICIES, SPIKE_RESETS, SPIKE_SURROGATES, GQAConfig, MoEConfig, SpikingConfig
-from currytrain.optim.config import AdamWConfig
+from currytrain.data.config import BYTE_VOCAB, SyntheticConfig, TextConfig
+from currytrain.data.files import find_text_files, plan_split, planned_sizes
+from currytrain.errors import EXIT_CONFIG_ERROR, ConfigError
+from currytrain.weights import architecture_mismatch, find_checkpoint, model_node_of
+from currytrain.model.config import AC_MODES, AC_POLICIES, MOE_GATINGS, SPIKE_RESETS, SPIKE_SURROGATES, GQAConfig, MoEConfig, SpikingConfig
+from currytrain.optim.config import SCHEDULE_KINDS, AdamWConfig, SGDConfig
 from currytrain.parallel.config import SingleConfig
 
-EXIT_CONFIG_ERROR = 2
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16")
-SCHEDULE_KINDS = ("cosine", "linear", "constant")
-BYTE_VOCAB = 256
-MOE_GATINGS = ("softmax", "sigmoid")  # mirrors currytrain.model.moe.GATINGS; validation stays torch-free
 
 
 def _divisors(n: int) -> list[int]:
@@ -37,6 +34,9 @@ def _check_model(model: DictConfig, problems: list[str]) -> None:
     for key in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden", "max_seq_len"):
         if key in model and model[key] < 1:
             problems.append(f"model.{key}={model[key]} must be >= 1: pass model.{key}=<positive int>")
+    for key, fix in (("init_std", "0.02"), ("norm_eps", "1e-5")):
+        if key in model and model[key] <= 0:
+            problems.append(f"model.{key}={model[key]} must be > 0: pass model.{key}={fix}")
     _check_ac_and_mup(model, problems)
     if "n_heads" not in model or model.n_heads < 1 or model.n_kv_heads < 1 or model.dim < 1:
         return
@@ -53,6 +53,8 @@ def _check_model(model: DictConfig, problems: list[str]) -> None:
 
 
 def _check_rope(model: DictConfig, problems: list[str]) -> None:
+    if model.rope_theta <= 0:
+        problems.append(f"model.rope_theta={model.rope_theta} must be > 0: pass model.rope_theta=10000")
     if model.n_heads >= 1 and model.dim % model.n_heads == 0 and (model.dim // model.n_heads) % 2:
         problems.append(f"model.dim/model.n_heads={model.dim // model.n_heads} is odd, RoPE needs an even head size: change model.dim or model.n_heads")
 
@@ -120,8 +122,23 @@ def _check_data(cfg: DictConfig, problems: list[str]) -> None:
     data_vocab = data.vocab_size if "vocab_size" in data else BYTE_VOCAB
     if "vocab_size" in model and data_vocab > model.vocab_size:
         problems.append(f"model.vocab_size={model.vocab_size} is smaller than the data's vocabulary ({data_vocab}): pass model.vocab_size={data_vocab}")
+    if "max_bytes" in data and data.max_bytes < 0:
+        problems.append(f"data.max_bytes={data.max_bytes} must be >= 0 (0 reads everything): pass data.max_bytes=0")
     if _is(data, TextConfig):
-        problems.extend(find_text_files(data.paths, data.suffixes)[1])
+        files, path_problems = find_text_files(data.paths, data.suffixes)
+        problems.extend(path_problems)
+        if files and not path_problems and 0 < data.val_fraction < 1 and data.max_bytes >= 0:
+            train, val = planned_sizes(plan_split(files, data.val_fraction, data.max_bytes, data.seed))
+            if min(train, val) <= data.seq_len + 1:
+                problems.append(
+                    f"data.paths hold {train} train / {val} val bytes, too few for data.seq_len={data.seq_len} "
+                    "(each split needs more than one sequence): add text, lower data.seq_len or change data.val_fraction"
+                )
+    if _is(data, SyntheticConfig):
+        if data.vocab_size < 1:
+            problems.append(f"data.vocab_size={data.vocab_size} must be >= 1: pass data.vocab_size=256")
+        if data.num_tokens <= data.seq_len + 1:
+            problems.append(f"data.num_tokens={data.num_tokens} must exceed data.seq_len + 1 = {data.seq_len + 1}: pass data.num_tokens=1000000")
 
 
 def _check_optimizer(opt: DictConfig, problems: list[str]) -> None:
@@ -129,8 +146,16 @@ def _check_optimizer(opt: DictConfig, problems: list[str]) -> None:
         problems.append(f"optimizer.lr={opt.lr} must be > 0: pass e.g. optimizer.lr=3e-4")
     if opt.weight_decay < 0:
         problems.append(f"optimizer.weight_decay={opt.weight_decay} must be >= 0: pass optimizer.weight_decay=0.1")
-    if "betas" in opt and (len(opt.betas) != 2 or not all(0 <= b < 1 for b in opt.betas)):
-        problems.append(f"optimizer.betas={list(opt.betas)} must be two numbers in [0, 1): pass optimizer.betas=[0.9,0.95]")
+    if _is(opt, AdamWConfig):
+        if len(opt.betas) != 2 or not all(0 <= b < 1 for b in opt.betas):
+            problems.append(f"optimizer.betas={list(opt.betas)} must be two numbers in [0, 1): pass optimizer.betas=[0.9,0.95]")
+        if opt.eps <= 0:
+            problems.append(f"optimizer.eps={opt.eps} must be > 0: pass optimizer.eps=1e-8")
+    if _is(opt, SGDConfig):
+        if not 0 <= opt.momentum < 1:
+            problems.append(f"optimizer.momentum={opt.momentum} must be in [0, 1): pass optimizer.momentum=0.9")
+        elif opt.nesterov and opt.momentum == 0:
+            problems.append("optimizer.nesterov=true needs momentum, but optimizer.momentum=0: pass optimizer.nesterov=false or optimizer.momentum=0.9")
     schedule = opt.schedule
     if schedule.kind not in SCHEDULE_KINDS:
         problems.append(f"optimizer.schedule.kind={schedule.kind} is not one of {list(SCHEDULE_KINDS)}: pass optimizer.schedule.kind=cosine")
@@ -162,8 +187,6 @@ def _check_trainer(trainer: DictConfig, schedule: DictConfig, problems: list[str
             problems.append("trainer.device=cuda but no CUDA device is visible: pass trainer.device=auto (or cpu)")
     if trainer.precision not in PRECISIONS:
         problems.append(f"trainer.precision={trainer.precision} is not one of {list(PRECISIONS)}: pass trainer.precision=fp32")
-    if trainer.resume not in ("none", "auto") and not Path(trainer.resume).expanduser().exists():
-        problems.append(f"trainer.resume={trainer.resume} does not exist: pass trainer.resume=auto, none, or an existing run folder or checkpoint")
 
 
 def _check_init_from(cfg: DictConfig, problems: list[str]) -> None:
@@ -185,15 +208,28 @@ def _check_parallel(cfg: DictConfig, problems: list[str]) -> None:
 
 
 def _check_run_dir(cfg: DictConfig, run_dir: str | None, problems: list[str]) -> None:
-    """Never train over an earlier run's checkpoints unless asked to resume them."""
-    if run_dir is None or cfg.trainer.resume != "none":
+    """Never train over an earlier run's checkpoints unless asked to resume them; resume only what fits."""
+    resume = cfg.trainer.resume
+    if run_dir is not None and resume == "none":
+        checkpoints = Path(run_dir) / "checkpoints"
+        if checkpoints.is_dir() and any(checkpoints.iterdir()):
+            problems.append(
+                f"{run_dir} already holds checkpoints of an earlier run: pass trainer.resume=auto to continue it, "
+                "or choose another run folder (hydra.run.dir, or hydra.sweep.dir for -m)"
+            )
         return
-    checkpoints = Path(run_dir) / "checkpoints"
-    if checkpoints.is_dir() and any(checkpoints.iterdir()):
-        problems.append(
-            f"hydra.run.dir={run_dir} already holds checkpoints of an earlier run: pass trainer.resume=auto to continue it, "
-            "or choose another hydra.run.dir"
-        )
+    if resume == "none" or (resume == "auto" and run_dir is None):
+        return
+    location = Path(run_dir if resume == "auto" else resume).expanduser()
+    checkpoint = find_checkpoint(location)
+    if checkpoint is None:
+        if resume != "auto":  # auto with nothing saved yet starts fresh
+            problems.append(f"trainer.resume={resume} holds no complete checkpoint: pass trainer.resume=auto, or a run folder or checkpoint that has one")
+        return
+    node = model_node_of(checkpoint)
+    problem = node and architecture_mismatch(node, OmegaConf.to_container(cfg.model, resolve=True))
+    if problem:
+        problems.append(f"trainer.resume={resume} ({checkpoint}) {problem}")
 
 
 def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
@@ -214,7 +250,7 @@ def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         _check_run_dir(cfg, run_dir, problems)
         if not cfg.logger:
             problems.append("logger is empty: pass logger=[tensorboard,jsonl] (or at least one logger)")
-    except Exception as error:  # an interpolation that cannot resolve, a wrong type
+    except OmegaConfBaseException as error:  # an interpolation that cannot resolve, a missing value
         problems.append(f"the config cannot be read: {error}")
     return problems
 

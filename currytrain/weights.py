@@ -1,4 +1,5 @@
-"""Which model a folder of weights holds, read without torch: validation uses it before anything runs.
+"""Folders of weights, read without torch (validation uses them before anything runs): which checkpoint
+to resume from, and which model a folder holds.
 
 A weights folder is an import folder (`currytrain hf import`: model.yaml + model.safetensors), a run
 folder (resolved.yaml + checkpoints/) or one checkpoint folder (<run>/checkpoints/step_N).
@@ -6,6 +7,7 @@ folder (resolved.yaml + checkpoints/) or one checkpoint folder (<run>/checkpoint
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -15,6 +17,34 @@ from currytrain.model.config import APPLIED_FROM_OUTSIDE
 
 MODEL_YAML = "model.yaml"
 RESOLVED = "resolved.yaml"
+MARKER = "COMPLETE"
+"""Written last into a checkpoint folder, once every rank's shards are on disk."""
+STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def is_complete(path: Path) -> bool:
+    return (Path(path) / MARKER).is_file()
+
+
+def complete_checkpoints(folder: Path) -> list[Path]:
+    """Complete step_N folders of a checkpoints folder, oldest first."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := STEP_DIR.match(p.name)) and is_complete(p)]
+    return [path for _, path in sorted(found)]
+
+
+def find_checkpoint(location: Path) -> Path | None:
+    """The checkpoint to resume from: a checkpoint folder itself, or the latest complete one of a run folder."""
+    location = Path(location)
+    if is_complete(location):
+        return location
+    for folder in (location / "checkpoints", location):
+        found = complete_checkpoints(folder)
+        if found:
+            return found[-1]
+    return None
 
 
 def model_node_of(path: str | Path) -> dict[str, Any] | None:

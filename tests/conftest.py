@@ -51,7 +51,9 @@ def compose_cfg():
 def launch(*overrides: str, tiny: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run `python launch.py ...` in a subprocess, as a user would."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    args = [sys.executable, str(ROOT / "launch.py"), *(TINY if tiny else []), *overrides]
+    flags = [arg for arg in overrides if arg.startswith("-")]  # -m etc. must precede the overrides
+    overrides = [arg for arg in overrides if not arg.startswith("-")]
+    args = [sys.executable, str(ROOT / "launch.py"), *flags, *(TINY if tiny else []), *overrides]
     return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 

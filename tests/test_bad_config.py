@@ -25,7 +25,15 @@ BAD_CONFIGS = [
     (["data.seq_len=64"], ["data.seq_len=64 exceeds model.max_seq_len=32"]),
     (["trainer.device=tpu"], ["trainer.device=tpu", "trainer.device=auto"]),
     (["trainer.precision=fp8"], ["trainer.precision=fp8"]),
-    (["trainer.resume=/no/such/run"], ["trainer.resume=/no/such/run does not exist"]),
+    (["trainer.resume=/no/such/run"], ["trainer.resume=/no/such/run holds no complete checkpoint"]),
+    (["trainer.resume=/tmp"], ["trainer.resume=/tmp holds no complete checkpoint"]),
+    (["optimizer=sgd", "optimizer.momentum=0"], ["optimizer.nesterov=true needs momentum"]),
+    (["optimizer.eps=-1"], ["optimizer.eps=-1.0 must be > 0"]),
+    (["model.init_std=-1"], ["model.init_std=-1.0 must be > 0"]),
+    (["model.norm_eps=-1"], ["model.norm_eps=-1.0 must be > 0"]),
+    (["model.rope_theta=0"], ["model.rope_theta=0.0 must be > 0"]),
+    (["data.max_bytes=-1"], ["data.max_bytes=-1 must be >= 0"]),
+    (["data=synthetic", "data.num_tokens=10"], ["data.num_tokens=10 must exceed data.seq_len + 1 = 33"]),
     (["trainer.init_from=/no/such/weights"], ["trainer.init_from=/no/such/weights is not an import folder"]),
     (["optimizer.schedule.warmup_steps=50"], ["optimizer.schedule.warmup_steps=50 is not below trainer.max_steps=6"]),
     (["optimizer.schedule.kind=step"], ["optimizer.schedule.kind=step"]),
@@ -59,12 +67,33 @@ def test_text_folders_without_usable_files_are_rejected_before_anything_is_writt
     assert not run_dir.exists()
 
 
-def test_a_corpus_too_short_for_one_sequence_exits_2_without_a_traceback(tmp_path):
+def test_a_corpus_too_short_for_one_sequence_is_rejected_before_anything_is_written(tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("only a few bytes")
     result = launch("data=text", f"data.paths=[{short}]", f"hydra.run.dir={tmp_path / 'run'}")
     assert result.returncode == 2, result.stderr
-    assert "too small for data.seq_len=32" in result.stderr and "Traceback" not in result.stderr
+    assert "data.paths hold 14 train / 2 val bytes, too few for data.seq_len=32" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
+
+
+def test_resuming_into_a_different_model_names_the_overrides(tmp_path):
+    first = launch("trainer.max_steps=2", "optimizer.schedule.warmup_steps=1", f"hydra.run.dir={tmp_path / 'a'}")
+    assert first.returncode == 0, first.stderr
+    other = launch("trainer.max_steps=2", "optimizer.schedule.warmup_steps=1", "model.dim=64", f"trainer.resume={tmp_path / 'a'}", f"hydra.run.dir={tmp_path / 'b'}")
+    assert other.returncode == 2 and "Traceback" not in other.stderr
+    assert "holds a model the config does not describe: pass model.dim=32" in other.stderr
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_multirun_never_trains_over_its_earlier_jobs(tmp_path):
+    sweep = ["-m", "seed=1,2", "trainer.max_steps=2", "optimizer.schedule.warmup_steps=1", f"hydra.sweep.dir={tmp_path}"]
+    assert launch(*sweep).returncode == 0
+    marker = tmp_path / "0" / "checkpoints" / "step_2" / "COMPLETE"
+    written = marker.read_text(), marker.stat().st_mtime_ns
+    again = launch(*sweep)
+    assert again.returncode == 2
+    assert "already holds checkpoints of an earlier run" in again.stderr
+    assert (marker.read_text(), marker.stat().st_mtime_ns) == written
 
 
 def test_all_problems_are_reported_at_once(tmp_path):

@@ -117,6 +117,9 @@ def test_build_rejects_targets_outside_the_allow_list(compose_cfg):
     nested = OmegaConf.create({"_target_": "currytrain.logger.base.MultiLogger", "loggers": [], "x": {"_target_": "subprocess.run"}})
     with pytest.raises(ConfigError, match="x._target_=subprocess.run"):
         build(nested)
+    in_list = OmegaConf.create({"_target_": "currytrain.logger.base.MultiLogger", "loggers": [{"_target_": "collections.OrderedDict"}]})
+    with pytest.raises(ConfigError, match=r"loggers\[0\]._target_=collections.OrderedDict"):
+        build(in_list)
 
 
 def test_build_rejects_runtime_arguments_that_collide_with_config_fields(compose_cfg):

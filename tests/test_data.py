@@ -41,6 +41,8 @@ def test_text_files_from_folders_and_files(tmp_path):
     corpus = TextFiles(paths=[str(folder)], seq_len=16, seed=0)
     assert len(corpus.train_files) == 9 and len(corpus.val_files) == 1
     assert all(p.suffix == ".md" for p in corpus.train_files)
+    overlapping = TextFiles(paths=[str(folder), str(folder / "note3.md")], seq_len=16, seed=0)
+    assert len(overlapping.train_files) + len(overlapping.val_files) == 10, "a file named twice is read once"
     single = tmp_path / "book.txt"
     single.write_text("a long book. " * 200)
     book = TextFiles(paths=[str(single)], seq_len=16, seed=0)

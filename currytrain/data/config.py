@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+BYTE_VOCAB = 256
+"""Vocabulary of the byte-level corpora: token id = byte value."""
+
 
 @dataclass
 class ByteCorpusConfig:

@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import random
 import sysconfig
 from pathlib import Path
 
 import torch
 
-from currytrain.data.files import find_text_files
+from currytrain.data.config import BYTE_VOCAB
+from currytrain.data.files import find_text_files, plan_split
 from currytrain.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-BYTE_VOCAB = 256
 
 
 class TokenCorpus:
@@ -56,14 +55,6 @@ def stable_seed(*parts) -> int:
     return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
-def _split_files(files: list[Path], val_fraction: float, seed: int) -> tuple[list[Path], list[Path]]:
-    """Hold out whole files for validation, chosen by a seeded shuffle of the sorted list."""
-    order = sorted(files)
-    random.Random(seed).shuffle(order)
-    num_val = max(1, round(len(order) * val_fraction))
-    return order[num_val:], order[:num_val]
-
-
 def _read_bytes(files: list[Path], budget: int) -> torch.Tensor:
     chunks, total = [], 0
     for path in files:
@@ -79,20 +70,17 @@ def _read_bytes(files: list[Path], budget: int) -> torch.Tensor:
 
 def _split_bytes(files: list[Path], val_fraction: float, max_bytes: int, seed: int) -> dict:
     """Train/val byte streams, split by file before anything else touches the text."""
-    if len(files) == 1:
+    plan = plan_split(files, val_fraction, max_bytes, seed)
+    if plan.single_file_cut is not None:
         # One file cannot be split by file: hold out its tail instead.
-        data = _read_bytes(files, max_bytes)
-        cut = int(len(data) * (1 - val_fraction))
+        data = _read_bytes(files, plan.train_budget)
+        cut = int(len(data) * plan.single_file_cut)
         return {"train": data[:cut], "val": data[cut:], "train_files": files, "val_files": files}
-    train_files, val_files = _split_files(files, val_fraction, seed)
-    # The byte budget is shared in proportion to the split so val stays a val_fraction share.
-    train_budget = int(max_bytes * (1 - val_fraction)) if max_bytes else 0
-    val_budget = max_bytes - train_budget if max_bytes else 0
     return {
-        "train": _read_bytes(train_files, train_budget),
-        "val": _read_bytes(val_files, val_budget),
-        "train_files": train_files,
-        "val_files": val_files,
+        "train": _read_bytes(plan.train_files, plan.train_budget),
+        "val": _read_bytes(plan.val_files, plan.val_budget),
+        "train_files": plan.train_files,
+        "val_files": plan.val_files,
     }
 
 

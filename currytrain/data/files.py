@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
@@ -23,4 +25,50 @@ def find_text_files(paths: Iterable[str], suffixes: Iterable[str]) -> tuple[list
         if not found:
             problems.append(f"data.paths: {entry} holds no non-empty file ending in {list(suffixes)}: check the path or data.suffixes")
         files.extend(found)
-    return files, problems
+    # Entries may overlap (a folder and a file inside it): each file once, or it could land in train and val.
+    unique = {path.resolve(): path for path in files}
+    return list(unique.values()), problems
+
+
+def split_files(files: list[Path], val_fraction: float, seed: int) -> tuple[list[Path], list[Path]]:
+    """Hold out whole files for validation, chosen by a seeded shuffle of the sorted list."""
+    order = sorted(files)
+    random.Random(seed).shuffle(order)
+    num_val = max(1, round(len(order) * val_fraction))
+    return order[num_val:], order[:num_val]
+
+
+@dataclass
+class SplitPlan:
+    """Which files feed train and val, and how many bytes each may take (0: all of them)."""
+
+    train_files: list[Path]
+    val_files: list[Path]
+    train_budget: int
+    val_budget: int
+    single_file_cut: float | None
+    """For one file (which cannot be split by file): the fraction of its bytes that is train."""
+
+
+def plan_split(files: list[Path], val_fraction: float, max_bytes: int, seed: int) -> SplitPlan:
+    if len(files) == 1:
+        return SplitPlan(files, files, max_bytes, 0, single_file_cut=1 - val_fraction)
+    train_files, val_files = split_files(files, val_fraction, seed)
+    # The byte budget is shared in proportion to the split so val stays a val_fraction share.
+    train_budget = int(max_bytes * (1 - val_fraction)) if max_bytes else 0
+    val_budget = max_bytes - train_budget if max_bytes else 0
+    return SplitPlan(train_files, val_files, train_budget, val_budget, single_file_cut=None)
+
+
+def planned_sizes(plan: SplitPlan) -> tuple[int, int]:
+    """The (train, val) byte counts a plan yields, from file sizes alone (nothing is read)."""
+
+    def size(group: list[Path], budget: int) -> int:
+        total = sum(p.stat().st_size for p in group)
+        return min(total, budget) if budget else total
+
+    if plan.single_file_cut is not None:
+        total = size(plan.train_files, plan.train_budget)
+        cut = int(total * plan.single_file_cut)
+        return cut, total - cut
+    return size(plan.train_files, plan.train_budget), size(plan.val_files, plan.val_budget)

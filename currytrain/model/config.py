@@ -103,6 +103,9 @@ class MoEConfig(DecoderConfig):
     """Add a dense SwiGLU of width mlp_hidden that every token passes through, next to the routed experts."""
 
 
+MOE_GATINGS = ("softmax", "sigmoid")
+"""Router score functions of model=moe."""
+
 SPIKE_SURROGATES = ("sigmoid", "atan", "triangle")
 """Surrogate derivatives the spiking family offers (model.surrogate); spiking.py implements each."""
 SPIKE_RESETS = ("soft", "hard")

@@ -20,10 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from currytrain.model.config import MOE_GATINGS
 from currytrain.model.decoder import Decoder, mup_attention_scale
 from currytrain.model.layers import Attention, RMSNorm, SwiGLU
 
-GATINGS = ("softmax", "sigmoid")
 
 
 @dataclass
@@ -68,8 +68,8 @@ class TopKRouter(nn.Module):
 
     def __init__(self, dim: int, num_experts: int, top_k: int, gating: str = "softmax", renormalize: bool = True):
         super().__init__()
-        if gating not in GATINGS:
-            raise ValueError(f"gating={gating!r} is not one of {list(GATINGS)}")
+        if gating not in MOE_GATINGS:
+            raise ValueError(f"gating={gating!r} is not one of {list(MOE_GATINGS)}")
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k={top_k} must be in [1, num_experts={num_experts}]")
         self.num_experts = num_experts

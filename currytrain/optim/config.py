@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+SCHEDULE_KINDS = ("cosine", "linear", "constant")
+
 
 @dataclass
 class ScheduleConfig:

@@ -6,7 +6,6 @@ asks this object for ranks and groups and never calls dist.new_group itself.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -42,8 +41,3 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     if name == "cuda":
         return torch.device("cuda", local_rank)
     return torch.device(name)
-
-
-def env_rank() -> tuple[int, int, int]:
-    """(rank, local_rank, world_size) from torchrun's environment, or a lone process."""
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
