@@ -7,7 +7,7 @@ and biases included, so a swapped or unmapped tensor cannot hide behind an init 
 
 from __future__ import annotations
 
-import importlib.util
+import dataclasses
 import json
 import os
 import socket
@@ -29,7 +29,7 @@ from conftest import launch  # noqa: E402
 from currytrain.errors import ConfigError  # noqa: E402
 from currytrain.hf import export_hf, import_hf, load_model, read_model  # noqa: E402
 from currytrain.hf.convert import SafetensorsReader, write_hf  # noqa: E402
-from currytrain.hf.families import FAMILIES  # noqa: E402
+from currytrain.hf.families import FAMILIES, family_for_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(
@@ -41,8 +41,6 @@ TINY = dict(
     num_key_value_heads=2,
     max_position_embeddings=64,
 )
-HAS_MOE = importlib.util.find_spec("currytrain.model.moe") is not None
-NEEDS_MOE = pytest.mark.skipif(not HAS_MOE, reason="model=moe (currytrain.model.moe, branch moe) is not merged yet")
 
 # architecture -> (config class, overrides): each case exercises what its family adds.
 CASES = {
@@ -63,18 +61,37 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def make_hf_model(architecture: str, **overrides) -> torch.nn.Module:
-    config_class, case = CASES[architecture]
-    config = getattr(transformers, config_class)(**{**TINY, **case, **overrides})
-    torch.manual_seed(0)
-    model = getattr(transformers, architecture)(config).eval()
+def randomize_(model: torch.nn.Module) -> None:
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.uniform_(0.5, 1.5)
             else:
                 param.normal_(0.0, 0.1)
+
+
+def make_hf_model(architecture: str, **overrides) -> torch.nn.Module:
+    config_class, case = CASES[architecture]
+    config = getattr(transformers, config_class)(**{**TINY, **case, **overrides})
+    torch.manual_seed(0)
+    model = getattr(transformers, architecture)(config).eval()
+    randomize_(model)
     return model
+
+
+def make_moe_model(**overrides) -> tuple[dict, torch.nn.Module]:
+    """A model=moe node (MoEConfig's defaults at the TINY sizes) and the curryTrain model it builds, randomised."""
+    from omegaconf import OmegaConf
+
+    from currytrain.model import build_model
+    from currytrain.model.config import MoEConfig
+
+    sizes = dict(vocab_size=128, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=96, max_seq_len=64, expert_hidden=48)
+    node = {**dataclasses.asdict(MoEConfig()), **sizes, **overrides}
+    torch.manual_seed(0)
+    model = build_model(OmegaConf.create(node)).eval()
+    randomize_(model)
+    return node, model
 
 
 def greedy(model: torch.nn.Module, prompt: torch.Tensor, steps: int) -> torch.Tensor:
@@ -103,10 +120,7 @@ def load_exported(folder: Path) -> torch.nn.Module:
 TOKENS = torch.randint(0, TINY["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(1))
 
 
-@pytest.mark.parametrize(
-    "architecture",
-    ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", pytest.param("MixtralForCausalLM", marks=NEEDS_MOE)],
-)
+@pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM"])
 def test_import_export_round_trip_matches_transformers(architecture, tmp_path):
     reference = make_hf_model(architecture)
     reference.save_pretrained(tmp_path / "hf")
@@ -163,7 +177,8 @@ def test_gqa_defaults_add_no_parameters():
 
 def test_mixtral_expert_layout_matches_transformers(tmp_path):
     """The model=moe layout (stacked w1/w3/w2, router.gate) with softmax top-k renormalised routing
-    reproduces transformers' Mixtral block; runs before model=moe exists, so the mapping is held now."""
+    reproduces transformers' Mixtral block, computed here by hand from the converted tensors; both
+    on-disk expert layouts import the same."""
     reference = make_hf_model("MixtralForCausalLM")
     reference.save_pretrained(tmp_path / "hf")
     family = FAMILIES["MixtralForCausalLM"]
@@ -208,14 +223,67 @@ def test_mixtral_expert_layout_matches_transformers(tmp_path):
         write_hf({**full_node, "capacity_factor": 1.25}, state, tmp_path / "refused")
 
 
+def test_moe_exports_to_mixtral_unless_it_has_a_shared_expert(tmp_path):
+    """A model=moe built by curryTrain (not imported) exports to Mixtral with equal logits. Mixtral has no
+    shared expert, so model.shared_expert=true is refused instead of exported without it."""
+    node, ours = make_moe_model()
+    write_hf(node, ours.state_dict(), tmp_path / "exported")
+    with torch.no_grad():
+        torch.testing.assert_close(load_exported(tmp_path / "exported")(TOKENS).logits, ours(TOKENS), atol=1e-5, rtol=0)
+
+    shared_node, shared = make_moe_model(shared_expert=True)
+    shared_state = shared.state_dict()
+    assert any(".moe.shared_expert." in name for name in shared_state)
+    with pytest.raises(ConfigError, match=r"as MixtralForCausalLM: model\.shared_expert=true: Mixtral has no shared expert"):
+        write_hf(shared_node, shared_state, tmp_path / "shared")
+    assert not (tmp_path / "shared").exists()
+
+    # Any other weight the Mixtral mapping does not write is refused as well, never left out silently.
+    extra = {**ours.state_dict(), "layers.0.moe.extra.weight": torch.zeros(4)}
+    with pytest.raises(ConfigError, match=r"1 weights have no MixtralForCausalLM counterpart .*layers\.0\.moe\.extra\.weight"):
+        write_hf(node, extra, tmp_path / "extra")
+    assert not (tmp_path / "extra").exists()
+
+
+def test_export_family_follows_the_model_class(monkeypatch):
+    """Export picks the architecture by the class the node builds (then qkv_bias/qk_norm), for every model option."""
+    import currytrain.model.gqa
+    from currytrain.config import SCHEMAS
+
+    nodes = {name: dataclasses.asdict(schema()) for name, schema in SCHEMAS["model"].items()}
+    assert family_for_model(nodes["gqa"]) is FAMILIES["LlamaForCausalLM"]
+    assert family_for_model({**nodes["gqa"], "qkv_bias": True}) is FAMILIES["Qwen2ForCausalLM"]
+    assert family_for_model({**nodes["gqa"], "qk_norm": True}) is FAMILIES["Qwen3ForCausalLM"]
+    assert "no transformers counterpart" in family_for_model({**nodes["gqa"], "qkv_bias": True, "qk_norm": True})
+    assert family_for_model(nodes["moe"]) is FAMILIES["MixtralForCausalLM"]
+    assert family_for_model(nodes["spiking"]) == (
+        "model._target_=currytrain.model.spiking.SpikingTransformer has no Hugging Face counterpart; export supports model=gqa and model=moe"
+    )
+
+    # A subclass may change forward(), so it does not inherit the export; neither do unknown or disallowed targets.
+    class PatchedGQA(currytrain.model.gqa.GQATransformer):
+        pass
+
+    monkeypatch.setattr(currytrain.model.gqa, "PatchedGQA", PatchedGQA, raising=False)
+    for target in ("currytrain.model.gqa.PatchedGQA", "currytrain.model.absent.Model", "currytrain.model.gqa.Absent", "os.path.join"):
+        assert family_for_model({**nodes["gqa"], "_target_": target}) == (
+            f"model._target_={target} has no Hugging Face counterpart; export supports model=gqa and model=moe"
+        )
+
+
 @pytest.mark.parametrize(
     "architecture, overrides, message",
     [
-        ("LlamaForCausalLM", dict(rope_scaling={"rope_type": "linear", "factor": 2.0}), "rope scaling"),
+        ("LlamaForCausalLM", dict(rope_scaling={"rope_type": "linear", "factor": 2.0}), "rope scaling rope_type=linear"),
+        (
+            "LlamaForCausalLM",  # Llama 3.1+
+            dict(rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=32)),
+            r"rope_type=llama3 .*not supported yet.*rope_type=default",
+        ),
         ("LlamaForCausalLM", dict(attention_bias=True), "attention_bias"),
         ("LlamaForCausalLM", dict(hidden_act="gelu"), "hidden_act=gelu"),
         ("Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=16, max_window_layers=0), "sliding-window"),
-        ("Qwen3ForCausalLM", dict(head_dim=32), "head_dim=32 differs"),
+        ("Qwen3ForCausalLM", dict(head_dim=32), r"head_dim=32 differs from hidden_size/num_attention_heads=16 .*not supported yet"),
         ("MixtralForCausalLM", dict(sliding_window=16), "sliding_window=16"),
     ],
 )

@@ -248,6 +248,9 @@ def write_hf(
     problems = family.export_problems(node)
     if node.get("mup"):
         problems.append("model.mup=true: its logit multiplier and attention scale have no Hugging Face equivalent (train with model.mup=false to export)")
+    dropped = sorted(set(state) - family.exported_names(node))
+    if dropped:  # a weight transformers would never see: its logits would differ from ours
+        problems.append(f"{len(dropped)} weights have no {family.architecture} counterpart and would be dropped: {dropped[:4]}")
     if problems:
         raise ConfigError(f"{what} cannot be exported as {family.architecture}: " + "; ".join(problems))
 

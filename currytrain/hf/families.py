@@ -2,7 +2,8 @@
 
 A Family turns a transformers config into a curryTrain model node (import) and back (export), lists
 what it cannot represent exactly, and renames weights in both directions. Import selects a family by
-the checkpoint's `architectures`; export selects one by the model node's `_target_` and explicit fields.
+the checkpoint's `architectures`; export selects one by the class the model node builds and its explicit
+fields (qkv_bias, qk_norm).
 
 RoPE: curryTrain pairs channel i with i + head_dim/2 ("rotate half"), as transformers does, so the
 q/k projection rows are copied unpermuted (the parity tests in tests/test_hf.py hold this to 1e-5).
@@ -11,21 +12,22 @@ q/k projection rows are copied unpermuted (the parity tests in tests/test_hf.py 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Any, Callable, Iterable
 
 import torch
 
-from currytrain.errors import ConfigError
-
-GQA_TARGET = "currytrain.model.gqa.GQATransformer"
-MOE_MODULE = "currytrain.model.moe"
+from currytrain.build import ALLOWED_PREFIXES
+from currytrain.model.config import GQAConfig, MoEConfig
+from currytrain.model.gqa import GQATransformer
+from currytrain.model.moe import MoETransformer
 
 # Buffers some older checkpoints still store; derived from the config, never weights.
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 
-# model=moe (branch `moe`): the fields this mapping sets besides DecoderConfig's, and the routing that
-# equals Mixtral's (softmax over all experts, top-k, renormalised, no capacity limit).
-MOE_FIELDS = ("num_experts", "top_k", "expert_hidden")
+# model=moe: the fields this mapping reads or sets besides DecoderConfig's (shared_expert: Mixtral has
+# none), and the routing that equals Mixtral's (softmax over all experts, top-k, renormalised, dropless).
+MOE_FIELDS = ("num_experts", "top_k", "expert_hidden", "shared_expert")
 MIXTRAL_ROUTING = {"gating": "softmax", "renormalize": True, "capacity_factor": 0.0}
 
 Reader = Callable[[str], torch.Tensor]
@@ -55,12 +57,17 @@ def _decoder_problems(hf: Any) -> list[str]:
     head_dim = getattr(hf, "head_dim", None)
     if head_dim is not None and head_dim != hidden // heads:
         problems.append(
-            f"head_dim={head_dim} differs from hidden_size/num_attention_heads={hidden // heads}: curryTrain derives the "
-            "head size as dim/n_heads"
+            f"head_dim={head_dim} differs from hidden_size/num_attention_heads={hidden // heads} (as in Qwen3-0.6B, Qwen3-4B): "
+            "not supported yet, curryTrain derives the head size as dim/n_heads, so only checkpoints with head_dim equal "
+            "to hidden_size/num_attention_heads import (e.g. Qwen3-1.7B, Qwen3-8B)"
         )
     _, scaling = _rope(hf)
     if scaling:
-        problems.append(f"rope scaling {scaling}: curryTrain implements only the default RoPE (no scaling, full rotary dim)")
+        kind = scaling.get("rope_type", scaling.get("type", "?"))
+        problems.append(
+            f"rope scaling rope_type={kind} {scaling} (Llama 3.1+ uses llama3): not supported yet, curryTrain implements only "
+            "the default unscaled RoPE (rope_type=default, as in Llama 2, Llama 3.0, Qwen2.5, Qwen3, Mixtral)"
+        )
     if getattr(hf, "partial_rotary_factor", 1.0) not in (None, 1.0):
         problems.append(f"partial_rotary_factor={hf.partial_rotary_factor}: curryTrain rotates the full head dimension")
     if getattr(hf, "quantization_config", None):
@@ -160,7 +167,11 @@ class Family:
         return problems
 
     def model_node(self, hf: Any) -> dict[str, Any]:
-        return {**_decoder_node(hf, GQA_TARGET), "qkv_bias": self.qkv_bias, "qk_norm": self.qk_norm}
+        return {**_decoder_node(hf, GQAConfig._target_), "qkv_bias": self.qkv_bias, "qk_norm": self.qk_norm}
+
+    def exported_names(self, node: dict[str, Any]) -> set[str]:
+        """The curryTrain weights to_hf writes; any other weight of the model would be dropped."""
+        return {ours for ours, _ in self.weight_names(node)}
 
     def weight_names(self, node: dict[str, Any]) -> list[tuple[str, str]]:
         """(curryTrain name, transformers name) of every weight."""
@@ -257,11 +268,22 @@ class MixtralFamily(Family):
                     state[ours + f"experts.{w}"] = torch.stack([read(n) for n in per_expert])
         return state, used, missing
 
+    def exported_names(self, node: dict[str, Any]) -> set[str]:
+        names = super().exported_names(node)
+        for i in range(node["n_layers"]):
+            names |= {f"layers.{i}.moe.{w}" for w in ("router.gate.weight", "experts.w1", "experts.w2", "experts.w3")}
+        return names
+
     def export_problems(self, node: dict[str, Any]) -> list[str]:
         problems = []
         for key, value in MIXTRAL_ROUTING.items():
             if node.get(key) != value:
                 problems.append(f"model.{key}={node.get(key)}: Mixtral routes with {key}={value}; retrain or export another way")
+        if node.get("shared_expert"):
+            problems.append(
+                "model.shared_expert=true: Mixtral has no shared expert, so transformers would drop it and compute other "
+                "logits; only model.shared_expert=false exports (retrain without it)"
+            )
         return problems
 
     def hf_kwargs(self, node: dict[str, Any]) -> dict[str, Any]:
@@ -285,16 +307,10 @@ class MixtralFamily(Family):
 
 
 def _moe_defaults() -> dict[str, Any]:
-    """The model=moe schema's defaults; the mapping's own field names are checked against it."""
-    from currytrain.config import SCHEMAS
-
-    schema = SCHEMAS["model"].get("moe")
-    if schema is None:
-        raise ConfigError(f"Mixtral checkpoints need curryTrain's MoE model, and {MOE_MODULE} (model=moe) is not part of this install")
-    node = {f.name: getattr(schema(), f.name) for f in dataclasses.fields(schema)}
+    """MoEConfig's defaults (model=moe); the mapping's own field names are checked against it."""
+    node = dataclasses.asdict(MoEConfig())
     unknown = sorted((set(MOE_FIELDS) | set(MIXTRAL_ROUTING)) - set(node))
-    if unknown:
-        raise RuntimeError(f"currytrain/hf/families.py sets model=moe fields {unknown} that {schema.__name__} lacks: update MOE_FIELDS")
+    assert not unknown, f"currytrain/hf/families.py uses model=moe fields {unknown} that MoEConfig lacks: update MOE_FIELDS"
     return node
 
 
@@ -309,16 +325,30 @@ FAMILIES: dict[str, Family] = {
 }
 
 
+def _model_class(target: str) -> type | None:
+    """The class a model node's _target_ names, or None. Like build(), imports nothing outside its allow-list."""
+    module, _, name = target.rpartition(".")
+    if not module or not target.startswith(ALLOWED_PREFIXES):
+        return None
+    try:
+        found = getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+    return found if isinstance(found, type) else None
+
+
 def family_for_model(node: dict[str, Any]) -> Family | str:
     """The architecture a curryTrain model node exports to, or why there is none."""
     target = str(node.get("_target_", ""))
-    if target == GQA_TARGET:
+    model_class = _model_class(target)
+    # Identity, not issubclass: a subclass may change forward(), and export promises transformers' logits.
+    if model_class is GQATransformer:
         if node.get("qk_norm"):
             if node.get("qkv_bias"):
                 return "model.qkv_bias=true with model.qk_norm=true has no transformers counterpart (Qwen3 biases o_proj as well)"
             return FAMILIES["Qwen3ForCausalLM"]
         return FAMILIES["Qwen2ForCausalLM"] if node.get("qkv_bias") else FAMILIES["LlamaForCausalLM"]
-    if target.startswith(MOE_MODULE + "."):
+    if model_class is MoETransformer:
         return FAMILIES["MixtralForCausalLM"]
     return f"model._target_={target} has no Hugging Face counterpart; export supports model=gqa and model=moe"
 
