@@ -1,7 +1,7 @@
 """Peak activation memory of one training step under each activation-checkpointing mode, on CPU.
 
     python bench/ac_memory.py                                  # 8-layer debug GQA, batch 8 x 128 tokens
-    python bench/ac_memory.py model/size=tiny trainer.batch_size=4   # any Hydra override of launch.py
+    python bench/ac_memory.py model/size=tiny trainer.batch_size=4   # any Hydra override of launch.py (CPU only: it counts CPU allocations)
 
 Method: torch.profiler(profile_memory=True) records every CPU allocator allocation and free during the
 step. Their running sum is the memory the step holds above what existed before it (weights and

@@ -43,12 +43,14 @@ def _git(cwd: Path, *args: str) -> str | None:
 
 
 def git_state(cwd: Path) -> dict[str, Any]:
-    """SHA of HEAD, whether tracked files differ from it, and that diff (None outside a repository)."""
+    """SHA of HEAD, whether the tree differs from it (untracked files count: a new experiments/ file is
+    code too), the diff of tracked files and the untracked files' names. None outside a repository."""
     sha = _git(cwd, "rev-parse", "HEAD")
     if sha is None:
-        return {"sha": None, "dirty": None, "diff": None}
+        return {"sha": None, "dirty": None, "diff": None, "untracked": None}
     diff = _git(cwd, "diff", "HEAD") or ""
-    return {"sha": sha.strip(), "dirty": bool(diff), "diff": diff}
+    untracked = (_git(cwd, "ls-files", "--others", "--exclude-standard") or "").split()
+    return {"sha": sha.strip(), "dirty": bool(diff or untracked), "diff": diff, "untracked": untracked}
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -88,7 +90,8 @@ class Journal:
     def header(self, *, seed: int, world_size: int, overrides: list[str], diff: dict, cwd: Path) -> None:
         """The first line of a new journal; a relaunch into the same folder appends a `launch` event instead."""
         git = git_state(cwd)
-        if git["dirty"]:
+        if git["diff"] and self.enabled:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             (self.path.parent / "git.diff").write_text(git["diff"])
         record = {
             "type": "header" if not self.path.exists() else "launch",
@@ -96,6 +99,7 @@ class Journal:
             "seed": seed,
             "git_sha": git["sha"],
             "git_dirty": git["dirty"],
+            "git_untracked": git["untracked"],
             "versions": package_versions(),
             "world_size": world_size,
             "host": socket.gethostname(),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import sys
+
 from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
 
 
@@ -24,7 +27,19 @@ class Progress:
     def __enter__(self) -> "Progress":
         if self.enabled:
             self.bar.start()
+            self._route_logging_through_bar()
         return self
+
+    def _route_logging_through_bar(self) -> None:
+        """On a terminal rich swaps sys.stdout/err for proxies that print above the bar; log handlers
+        still hold the real streams, so their lines would be glued to the bar. Point them at the proxies."""
+        self.rerouted = []
+        originals = {id(sys.__stdout__): sys.stdout, id(sys.__stderr__): sys.stderr}
+        for handler in logging.getLogger().handlers:
+            if type(handler) is logging.StreamHandler and id(handler.stream) in originals:
+                proxy = originals[id(handler.stream)]
+                if proxy is not handler.stream:
+                    self.rerouted.append((handler, handler.setStream(proxy)))
 
     def update(self, step: int, loss: float, tokens_per_s: float) -> None:
         if self.enabled:
@@ -32,4 +47,6 @@ class Progress:
 
     def __exit__(self, *exc) -> None:
         if self.enabled:
+            for handler, stream in self.rerouted:
+                handler.setStream(stream)
             self.bar.stop()
