@@ -23,11 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 
 import torch  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
+from currytrain.benchmark import compose_config  # noqa: E402
 from currytrain.build import build  # noqa: E402
-from currytrain.config import register_configs  # noqa: E402
 from currytrain.model import build_model  # noqa: E402
 from currytrain.trainer.step import causal_lm_loss  # noqa: E402
 
@@ -62,8 +61,7 @@ def _net_and_peak(sizes: list[int]) -> tuple[int, int]:
 
 
 def measure(overrides: list[str], repeats: int = 5) -> dict[str, float]:
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
+    cfg = compose_config(overrides)
     torch.manual_seed(cfg.seed)
     parallel = build(cfg.parallel)
     state = parallel.setup(cfg.trainer.device)
@@ -88,7 +86,6 @@ def measure(overrides: list[str], repeats: int = 5) -> dict[str, float]:
 
 
 def main(user_overrides: list[str]) -> None:
-    register_configs()
     results = {name: measure([*DEFAULTS, *user_overrides, *mode]) for name, mode in MODES.items()}
     base = results["none"]
     print(f"overrides: {' '.join([*DEFAULTS, *user_overrides])}")

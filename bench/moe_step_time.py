@@ -13,28 +13,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing it
 
-from currytrain.benchmark import run_accumulated_step  # noqa: E402
-from currytrain.build import build  # noqa: E402
-from currytrain.config import register_configs  # noqa: E402
-from currytrain.model import build_model  # noqa: E402
-
-
-def build_setup(overrides: list[str]):
-    cfg = compose(config_name="config", overrides=overrides)
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model)
-    optimizer = build(cfg.optimizer, exclude=["schedule"], model=model)
-    data = build(cfg.data)
-    return model, optimizer, data
+from currytrain.benchmark import alternating_step_times, build_step_setup, compose_config, run_accumulated_step  # noqa: E402
 
 
 def main() -> None:
@@ -49,26 +34,24 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    register_configs()
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        setups = {
-            "gqa": build_setup(["model=gqa", *args.common]),
-            "moe": build_setup(["model=moe", *args.common, *args.moe_overrides]),
-        }
-    times: dict[str, list[float]] = {name: [] for name in setups}
-    for step in range(args.warmup + args.steps):
-        for name, (model, optimizer, data) in setups.items():
-            batch = data.batch("train", step, 0, args.batch_size)
-            tic = time.perf_counter()
-            run_accumulated_step(model, optimizer, [batch], grad_clip=1.0)
-            if step >= args.warmup:
-                times[name].append(time.perf_counter() - tic)
+    setups = {
+        "gqa": build_step_setup(compose_config(["model=gqa", *args.common])),
+        "moe": build_step_setup(compose_config(["model=moe", *args.common, *args.moe_overrides])),
+    }
 
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch_size} x seq {batch[0].shape[1]}")
+    def step_of(setup):
+        # Batches are cut before timing.
+        batches = [[setup.data.batch("train", step, 0, args.batch_size)] for step in range(args.warmup + args.steps)]
+        return lambda step: run_accumulated_step(setup.model, setup.optimizer, batches[step], grad_clip=1.0)
+
+    times = alternating_step_times({name: step_of(setup) for name, setup in setups.items()}, rounds=args.steps, warmup=args.warmup)
+
+    seq_len = setups["moe"].cfg.data.seq_len
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch_size} x seq {seq_len}")
     medians = {}
-    for name, (model, _, _) in setups.items():
+    for name, setup in setups.items():
         medians[name] = statistics.median(times[name])
-        num_params = sum(p.numel() for p in model.parameters())
+        num_params = sum(p.numel() for p in setup.model.parameters())
         print(f"{name}: {num_params / 1e6:.2f}M params, median step {medians[name] * 1e3:.1f} ms over {args.steps} steps")
     print(f"moe / gqa step time: {medians['moe'] / medians['gqa']:.2f}x")
 

@@ -15,28 +15,15 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing it
 
-from currytrain.build import build  # noqa: E402
-from currytrain.config import register_configs  # noqa: E402
-from currytrain.model import build_model  # noqa: E402
-from currytrain.trainer.step import run_accumulated_step  # noqa: E402
+from currytrain.benchmark import alternating_step_times, build_step_setup, compose_config, run_accumulated_step  # noqa: E402
 
 MODELS = ("gqa", "spiking")
-
-
-def compose(model: str, overrides: list[str]):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return hydra_compose("config", overrides=[f"model={model}", *overrides])
 
 
 def main() -> None:
@@ -50,36 +37,30 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides applied to both models")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    register_configs()
 
-    runs = {}
+    setups, batches = {}, {}
     for name in MODELS:
         own = args.spiking.split() if name == "spiking" else []
-        cfg = compose(name, [*args.overrides, *own])
-        torch.manual_seed(cfg.seed)
-        model = build_model(cfg.model)
-        optimizer = build(cfg.optimizer, exclude=["schedule"], model=model)
-        tokens = torch.randint(0, cfg.model.vocab_size, (args.batch_size, cfg.data.seq_len + 1))
-        batch = [(tokens[:, :-1], tokens[:, 1:])]
+        setups[name] = setup = build_step_setup(compose_config([f"model={name}", *args.overrides, *own]))
+        tokens = torch.randint(0, setup.cfg.model.vocab_size, (args.batch_size, setup.cfg.data.seq_len + 1))
+        batches[name] = [(tokens[:, :-1], tokens[:, 1:])]
         for _ in range(args.warmup):
-            run_accumulated_step(model, optimizer, batch)
-        num_params = sum(p.numel() for p in model.parameters())
-        runs[name] = (model, optimizer, batch, num_params, [])
+            run_accumulated_step(setup.model, setup.optimizer, batches[name])
 
-    for _ in range(args.rounds):
-        for name, (model, optimizer, batch, _, times) in runs.items():
-            for _ in range(args.steps):
-                tic = time.perf_counter()
-                run_accumulated_step(model, optimizer, batch)
-                times.append(time.perf_counter() - tic)
+    def step_of(name):
+        return lambda step: run_accumulated_step(setups[name].model, setups[name].optimizer, batches[name])
 
-    medians = {name: statistics.median(run[4]) for name, run in runs.items()}
-    tokens_per_step = args.batch_size * cfg.data.seq_len
-    print(f"batch {args.batch_size} x {cfg.data.seq_len} tokens, {args.threads} thread(s), {args.rounds * args.steps} timed steps each")
-    for name, (_, _, _, num_params, times) in runs.items():
+    times = alternating_step_times({name: step_of(name) for name in MODELS}, rounds=args.rounds, per_round=args.steps)
+
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    seq_len = setups["spiking"].cfg.data.seq_len
+    tokens_per_step = args.batch_size * seq_len
+    print(f"batch {args.batch_size} x {seq_len} tokens, {args.threads} thread(s), {args.rounds * args.steps} timed steps each")
+    for name, setup in setups.items():
+        num_params = sum(p.numel() for p in setup.model.parameters())
         print(
             f"model={name:8s} {num_params / 1e6:6.3f}M params  median step {medians[name] * 1e3:8.1f} ms"
-            f"  (min {min(times) * 1e3:.1f}, max {max(times) * 1e3:.1f})  {tokens_per_step / medians[name]:9.0f} tokens/s"
+            f"  (min {min(times[name]) * 1e3:.1f}, max {max(times[name]) * 1e3:.1f})  {tokens_per_step / medians[name]:9.0f} tokens/s"
         )
     print(f"ratio spiking/gqa: {medians['spiking'] / medians['gqa']:.2f}x")
 

@@ -12,20 +12,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing it
 
-from currytrain.benchmark import run_accumulated_step  # noqa: E402
-from currytrain.build import build  # noqa: E402
-from currytrain.config import register_configs  # noqa: E402
-from currytrain.model import build_model  # noqa: E402
+from currytrain.benchmark import alternating_step_times, build_step_setup, compose_config, run_accumulated_step  # noqa: E402
 
 
 def plain_step(model, optimizer, microbatches, grad_clip):
@@ -42,26 +36,25 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     args, overrides = parser.parse_known_args()
-    register_configs()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
-    torch.manual_seed(cfg.seed)
-    data = build(cfg.data)
-    models = {name: build_model(cfg.model) for name in ("currytrain", "plain")}
-    optimizers = {name: build(cfg.optimizer, exclude=["schedule"], model=model) for name, model in models.items()}
-    step_fns = {
-        "currytrain": lambda model, optimizer, micro: run_accumulated_step(model, optimizer, micro, grad_clip=cfg.trainer.grad_clip),
-        "plain": lambda model, optimizer, micro: plain_step(model, optimizer, micro, cfg.trainer.grad_clip),
-    }
-    times: dict[str, list[float]] = {name: [] for name in models}
-    for step in range(args.warmup + args.steps):
-        micro = [data.batch("train", step, m, cfg.trainer.batch_size) for m in range(cfg.trainer.grad_accum)]
-        for name in models:
-            tic = time.perf_counter()
-            step_fns[name](models[name], optimizers[name], micro)
-            if step >= args.warmup:
-                times[name].append(time.perf_counter() - tic)
-    tokens = cfg.trainer.batch_size * cfg.trainer.grad_accum * cfg.data.seq_len
+    cfg = compose_config(overrides)
+    trainer = cfg.trainer
+    setups = {name: build_step_setup(cfg) for name in ("currytrain", "plain")}  # same seed: same weights
+
+    # Batches are cut before timing, the same ones for both.
+    data = setups["currytrain"].data
+    batches = [
+        [data.batch("train", step, m, trainer.batch_size) for m in range(trainer.grad_accum)] for step in range(args.warmup + args.steps)
+    ]
+    ours, plain = setups["currytrain"], setups["plain"]
+    times = alternating_step_times(
+        {
+            "currytrain": lambda step: run_accumulated_step(ours.model, ours.optimizer, batches[step], grad_clip=trainer.grad_clip),
+            "plain": lambda step: plain_step(plain.model, plain.optimizer, batches[step], trainer.grad_clip),
+        },
+        rounds=args.steps,
+        warmup=args.warmup,
+    )
+    tokens = trainer.batch_size * trainer.grad_accum * cfg.data.seq_len
     medians = {name: statistics.median(values) for name, values in times.items()}
     for name, median in medians.items():
         print(f"{name:>10}: median {median * 1e3:8.1f} ms/step  {tokens / median:10,.0f} tok/s")

@@ -89,19 +89,18 @@ class Checkpointer:
         if self.is_main:
             marker = {"step": train_state.step, "seconds": round(time.perf_counter() - started, 3)}
             (path / MARKER).write_text(json.dumps(marker) + "\n")
-            self._prune()
+            self._prune(train_state.step)
         _barrier()
         return path
 
-    def _prune(self) -> None:
-        complete = complete_checkpoints(self.folder)
-        for old in complete[: -self.keep_last]:
+    def _prune(self, saved_step: int) -> None:
+        """Keep the newest keep_last complete checkpoints, and drop interrupted saves older than the one
+        just written (they can never be resumed from)."""
+        for old in complete_checkpoints(self.folder)[: -self.keep_last]:
             shutil.rmtree(old, ignore_errors=True)
-        newest = complete[-1] if complete else None
         for path in self.folder.iterdir():
-            # Leftovers of interrupted saves older than the newest complete one can never be used.
             match = STEP_DIR.match(path.name)
-            if match and not is_complete(path) and newest is not None and int(match.group(1)) < int(newest.name[5:]):
+            if match and int(match.group(1)) < saved_step and not is_complete(path):
                 shutil.rmtree(path, ignore_errors=True)
 
     @staticmethod
@@ -110,3 +109,12 @@ class Checkpointer:
             raise ConfigError(f"trainer.resume: {path} is not a complete checkpoint (no {MARKER} marker)")
         with _quiet_single_process():
             dcp.load({"train": train_state}, checkpoint_id=str(path), no_dist=not _distributed())
+
+
+def load_model_state(path: Path, model_state: dict[str, Any]) -> None:
+    """Fill `model_state` (a model's state_dict) in place from a checkpoint's weights, leaving out the
+    optimizer, schedule and RNG: for exports and for starting other runs from these weights."""
+    if not is_complete(path):
+        raise ConfigError(f"{path} is not a complete checkpoint (no {MARKER} marker)")
+    with _quiet_single_process():
+        dcp.load({"train": {"model": model_state}}, checkpoint_id=str(path), no_dist=not _distributed())

@@ -13,10 +13,10 @@ from omegaconf import DictConfig, OmegaConf
 from currytrain.errors import ConfigError
 from currytrain.journal import Journal, config_diff
 from currytrain.validate import exit_on_problems, validate
+from currytrain.weights import RESOLVED
 
 log = logging.getLogger(__name__)
 
-RESOLVED = "resolved.yaml"
 
 
 def default_config() -> dict | None:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
@@ -55,6 +56,15 @@ def launch(*overrides: str, tiny: bool = True, timeout: float = 300) -> subproce
     overrides = [arg for arg in overrides if not arg.startswith("-")]
     args = [sys.executable, str(ROOT / "launch.py"), *flags, *(TINY if tiny else []), *overrides]
     return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny matmuls gain nothing from a second intra-op thread and lose a lot when the 2 CPUs are shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -28,13 +28,7 @@ AC_SETTINGS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # The test machines share 2 cores; a second intra-op thread only adds contention to these small ops.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

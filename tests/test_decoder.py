@@ -72,20 +72,16 @@ def _model(family: str, mup: bool) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("family, mup", sorted(FINGERPRINTS))
+@pytest.mark.usefixtures("one_thread")
 def test_seed_gives_the_weights_and_logits_of_before_the_decoder_base(family, mup):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        expected = FINGERPRINTS[family, mup]
-        model = _model(family, mup)
-        sumsq = sum(p.double().pow(2).sum() for p in model.parameters() if p.dim() >= 2).item()
-        assert sumsq == pytest.approx(expected["sumsq"], rel=1e-9)
-        state = model.state_dict()
-        for name, values in expected["first"].items():
-            assert state[name].flatten()[:3].tolist() == pytest.approx(values, rel=1e-6), name
-        with torch.no_grad():
-            logits = model(torch.arange(32).reshape(2, 16))
-        assert logits[1, -1, :3].tolist() == pytest.approx(expected["last_logits"], rel=1e-4, abs=1e-6)
-        assert logits.double().pow(2).mean().item() == pytest.approx(expected["logits_meansq"], rel=1e-5)
-    finally:
-        torch.set_num_threads(threads)
+    expected = FINGERPRINTS[family, mup]
+    model = _model(family, mup)
+    sumsq = sum(p.double().pow(2).sum() for p in model.parameters() if p.dim() >= 2).item()
+    assert sumsq == pytest.approx(expected["sumsq"], rel=1e-9)
+    state = model.state_dict()
+    for name, values in expected["first"].items():
+        assert state[name].flatten()[:3].tolist() == pytest.approx(values, rel=1e-6), name
+    with torch.no_grad():
+        logits = model(torch.arange(32).reshape(2, 16))
+    assert logits[1, -1, :3].tolist() == pytest.approx(expected["last_logits"], rel=1e-4, abs=1e-6)
+    assert logits.double().pow(2).mean().item() == pytest.approx(expected["logits_meansq"], rel=1e-5)

@@ -52,13 +52,7 @@ CASES = {
 NUM_NEW_TOKENS = 20
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls gain nothing from a second thread and lose a lot when the CPUs are shared."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def randomize_(model: torch.nn.Module) -> None:

@@ -19,13 +19,7 @@ from currytrain.validate import validate
 DEBUG = dict(vocab_size=256, dim=128, n_layers=4, n_heads=4, n_kv_heads=2, mlp_hidden=384, max_seq_len=128)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # The test machines share 2 cores; a second intra-op thread only adds contention to these small ops.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _tokens(batch: int, seq_len: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

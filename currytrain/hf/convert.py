@@ -17,7 +17,6 @@ import json
 import logging
 import shutil
 import tempfile
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +26,13 @@ from omegaconf import OmegaConf
 from currytrain.errors import ConfigError
 from currytrain.hf.families import FAMILIES, IGNORED_SUFFIXES, Family, family_for_model
 from currytrain.hf.hub import resolve_source
+from currytrain.weights import MODEL_YAML, RESOLVED, find_checkpoint, model_node_of
 
 log = logging.getLogger(__name__)
 
-MODEL_YAML = "model.yaml"
 WEIGHTS = "model.safetensors"
 HF_DIR = "hf"
 PROVENANCE = "import.json"
-RESOLVED = "resolved.yaml"
 INDEX = "model.safetensors.index.json"
 # Files an export copies from an import folder's hf/ (the tokenizer and generation settings).
 PASSTHROUGH = ("generation_config.json", "tokenizer*", "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template*")
@@ -177,37 +175,28 @@ def read_model(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor
             state.pop("output.weight", None)
         hf_dir = path / HF_DIR
         return node, state, hf_dir if hf_dir.is_dir() else None
-    from currytrain.checkpoint import find_checkpoint, is_complete
-
-    if is_complete(path) and (path.parent.parent / RESOLVED).is_file():
-        run, checkpoint = path.parent.parent, path
-    elif (path / RESOLVED).is_file():
-        run, checkpoint = path, find_checkpoint(path)
-        if checkpoint is None:
-            raise ConfigError(
-                f"{path} has no complete checkpoint under checkpoints/: let the run finish (it saves at the end) "
-                "or pass trainer.checkpoint_every=N"
-            )
-    else:
+    node = model_node_of(path)
+    if node is None:
         raise ConfigError(
             f"{path} is neither a run folder ({RESOLVED} + checkpoints/step_N), a checkpoint folder nor an import folder "
             f"({MODEL_YAML} + {WEIGHTS}): pass one of those"
         )
-    node = OmegaConf.to_container(OmegaConf.load(run / RESOLVED).model, resolve=True)
+    checkpoint = find_checkpoint(path)
+    if checkpoint is None:
+        raise ConfigError(
+            f"{path} has no complete checkpoint under checkpoints/: let the run finish (it saves at the end) "
+            "or pass trainer.checkpoint_every=N"
+        )
     return node, _load_checkpoint(node, checkpoint), None
 
 
 def _load_checkpoint(node: dict[str, Any], checkpoint: Path) -> dict[str, torch.Tensor]:
     """The model weights of a DCP training checkpoint ({"train": {"model": ...}}), without its optimizer state."""
-    import torch.distributed.checkpoint as dcp
-
+    from currytrain.checkpoint import load_model_state
     from currytrain.model import build_model
 
-    model = build_model(OmegaConf.create(node))
-    state = model.state_dict()
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load({"train": {"model": state}}, checkpoint_id=str(checkpoint), no_dist=True)
+    state = build_model(OmegaConf.create(node)).state_dict()
+    load_model_state(checkpoint, state)
     if node.get("tie_embeddings"):
         state.pop("output.weight", None)
     log.info("read %s", checkpoint)

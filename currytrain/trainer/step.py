@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -69,8 +70,10 @@ def run_accumulated_step(
     # clip_grad_norm_ with an infinite bound measures the norm without changing the gradients.
     max_norm = grad_clip if grad_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    skipped = not torch.isfinite(grad_norm).item()
+    # One device-to-host copy per step: the finiteness check needs it anyway, so the loss rides along.
+    loss_value, norm_value = torch.stack([total_loss, grad_norm.to(total_loss.dtype)]).tolist()
+    skipped = not math.isfinite(norm_value)
     if not skipped:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss=total_loss.item(), grad_norm=grad_norm.item(), skipped=skipped, num_tokens=num_tokens)
+    return StepResult(loss=loss_value, grad_norm=norm_value, skipped=skipped, num_tokens=num_tokens)
