@@ -45,11 +45,14 @@ def write_run_record(cfg: DictConfig, run_dir: Path, overrides: list[str], cwd: 
 def run(cfg: DictConfig) -> float:
     """Hydra task: record the run, then train in this process. Returns the final val loss (sweeps read it)."""
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    # Again per job: a multirun's jobs are composed after on_multirun_start, each into its own folder.
-    exit_on_problems(validate(cfg, str(run_dir)))
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        # A single run was validated by ValidateCallback.on_run_start; a multirun's jobs are composed
+        # after on_multirun_start, each with its own swept values and folder, so each is checked here.
+        exit_on_problems(validate(cfg, str(run_dir)))
     resolved_path = write_run_record(cfg, run_dir, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.cwd))
     try:
         return run_worker(resolved_path)
