@@ -1,8 +1,8 @@
 """curryTrain's one Hydra app: a training run, a validation ladder or a sweep, by the selected config.
 
-    python launch.py                                   # debug GQA on the embedded corpus
-    python launch.py model/size=tiny optimizer.lr=1e-3 # overrides
-    python launch.py --cfg job                         # print the composed config
+python launch.py                                   # debug GQA on the embedded corpus
+python launch.py model/size=tiny optimizer.lr=1e-3 # overrides
+python launch.py --cfg job                         # print the composed config
 """
 
 from __future__ import annotations

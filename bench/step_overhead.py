@@ -42,9 +42,7 @@ def main() -> None:
 
     # Batches are cut before timing, the same ones for both.
     data = setups["currytrain"].data
-    batches = [
-        [data.batch("train", step, m, trainer.batch_size) for m in range(trainer.grad_accum)] for step in range(args.warmup + args.steps)
-    ]
+    batches = [[data.batch("train", step, m, trainer.batch_size) for m in range(trainer.grad_accum)] for step in range(args.warmup + args.steps)]
     ours, plain = setups["currytrain"], setups["plain"]
     times = alternating_step_times(
         {

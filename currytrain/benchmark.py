@@ -4,9 +4,10 @@ the pieces the scripts in bench/ share to build what they time and to time two s
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -55,9 +56,7 @@ def build_step_setup(cfg: DictConfig) -> StepSetup:
     return StepSetup(cfg, model, optimizer, build(cfg.data))
 
 
-def alternating_step_times(
-    steps: dict[str, Callable[[int], Any]], *, rounds: int, per_round: int = 1, warmup: int = 0
-) -> dict[str, list[float]]:
+def alternating_step_times(steps: dict[str, Callable[[int], Any]], *, rounds: int, per_round: int = 1, warmup: int = 0) -> dict[str, list[float]]:
     """Seconds of each call of each named step function (called with a step index), taking turns:
     `per_round` calls of each per round, so load from other processes hits all of them alike.
     `warmup` untimed rounds come first."""

@@ -24,10 +24,9 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.stateful import Stateful
 
 from currytrain.errors import ConfigError
-from currytrain.weights import MARKER, STEP_DIR, complete_checkpoints, find_checkpoint, is_complete
+from currytrain.weights import MARKER, STEP_DIR, complete_checkpoints, is_complete
 
 log = logging.getLogger(__name__)
-
 
 
 class TrainState(Stateful):

@@ -66,11 +66,7 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 def config_diff(config: dict, defaults: dict) -> dict[str, dict[str, Any]]:
     """Keys whose value differs from the default config: {key: {"default": d, "value": v}}."""
     ours, base = flatten(config), flatten(defaults)
-    return {
-        key: {"default": base.get(key), "value": ours.get(key)}
-        for key in sorted(set(ours) | set(base))
-        if ours.get(key) != base.get(key)
-    }
+    return {key: {"default": base.get(key), "value": ours.get(key)} for key in sorted(set(ours) | set(base)) if ours.get(key) != base.get(key)}
 
 
 class Journal:

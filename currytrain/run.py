@@ -18,7 +18,6 @@ from currytrain.weights import RESOLVED
 log = logging.getLogger(__name__)
 
 
-
 def default_config() -> dict | None:
     """The root config with no overrides, for the journal's diff; None outside a Hydra context."""
     from hydra import compose

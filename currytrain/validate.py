@@ -17,10 +17,10 @@ from omegaconf.errors import OmegaConfBaseException
 from currytrain.data.config import BYTE_VOCAB, SyntheticConfig, TextConfig
 from currytrain.data.files import find_text_files, plan_split, planned_sizes
 from currytrain.errors import EXIT_CONFIG_ERROR, ConfigError
-from currytrain.weights import architecture_mismatch, find_checkpoint, model_node_of
 from currytrain.model.config import AC_MODES, AC_POLICIES, MOE_GATINGS, SPIKE_RESETS, SPIKE_SURROGATES, GQAConfig, MoEConfig, SpikingConfig
 from currytrain.optim.config import SCHEDULE_KINDS, AdamWConfig, SGDConfig
 from currytrain.parallel.config import SingleConfig
+from currytrain.weights import architecture_mismatch, find_checkpoint, model_node_of
 
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16")
@@ -41,14 +41,10 @@ def _check_model(model: DictConfig, problems: list[str]) -> None:
     if "n_heads" not in model or model.n_heads < 1 or model.n_kv_heads < 1 or model.dim < 1:
         return
     if model.dim % model.n_heads:
-        problems.append(
-            f"model.n_heads={model.n_heads} does not divide model.dim={model.dim}: "
-            f"choose model.n_heads in {_divisors(model.dim)[:12]}"
-        )
+        problems.append(f"model.n_heads={model.n_heads} does not divide model.dim={model.dim}: choose model.n_heads in {_divisors(model.dim)[:12]}")
     if model.n_heads % model.n_kv_heads:
         problems.append(
-            f"model.n_kv_heads={model.n_kv_heads} does not divide model.n_heads={model.n_heads}: "
-            f"choose model.n_kv_heads in {_divisors(model.n_heads)}"
+            f"model.n_kv_heads={model.n_kv_heads} does not divide model.n_heads={model.n_heads}: choose model.n_kv_heads in {_divisors(model.n_heads)}"
         )
 
 
@@ -76,7 +72,9 @@ def _check_ac_and_mup(model: DictConfig, problems: list[str]) -> None:
 def _check_mup_optimizer(cfg: DictConfig, problems: list[str]) -> None:
     # Adam-family optimizers are the ones with betas; muP's per-layer rules here are Adam's.
     if cfg.model.get("mup", False) and not _is(cfg.optimizer, AdamWConfig):
-        problems.append(f"model.mup=true sets Adam's per-layer learning rates, but optimizer builds {cfg.optimizer._target_}: pass optimizer=adamw, or model.mup=false")
+        problems.append(
+            f"model.mup=true sets Adam's per-layer learning rates, but optimizer builds {cfg.optimizer._target_}: pass optimizer=adamw, or model.mup=false"
+        )
 
 
 def _check_moe(model: DictConfig, problems: list[str]) -> None:
@@ -116,7 +114,9 @@ def _check_data(cfg: DictConfig, problems: list[str]) -> None:
     if data.seq_len < 1:
         problems.append(f"data.seq_len={data.seq_len} must be >= 1: pass data.seq_len=<positive int>")
     elif "max_seq_len" in model and data.seq_len > model.max_seq_len:
-        problems.append(f"data.seq_len={data.seq_len} exceeds model.max_seq_len={model.max_seq_len}: pass data.seq_len={model.max_seq_len} or raise model.max_seq_len")
+        problems.append(
+            f"data.seq_len={data.seq_len} exceeds model.max_seq_len={model.max_seq_len}: pass data.seq_len={model.max_seq_len} or raise model.max_seq_len"
+        )
     if "val_fraction" in data and not 0 < data.val_fraction < 1:
         problems.append(f"data.val_fraction={data.val_fraction} must be in (0, 1): pass data.val_fraction=0.1")
     data_vocab = data.vocab_size if "vocab_size" in data else BYTE_VOCAB

@@ -8,8 +8,9 @@ folder (resolved.yaml + checkpoints/) or one checkpoint folder (<run>/checkpoint
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from omegaconf import OmegaConf
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -79,7 +78,9 @@ def test_a_corpus_too_short_for_one_sequence_is_rejected_before_anything_is_writ
 def test_resuming_into_a_different_model_names_the_overrides(tmp_path):
     first = launch("trainer.max_steps=2", "optimizer.schedule.warmup_steps=1", f"hydra.run.dir={tmp_path / 'a'}")
     assert first.returncode == 0, first.stderr
-    other = launch("trainer.max_steps=2", "optimizer.schedule.warmup_steps=1", "model.dim=64", f"trainer.resume={tmp_path / 'a'}", f"hydra.run.dir={tmp_path / 'b'}")
+    other = launch(
+        "trainer.max_steps=2", "optimizer.schedule.warmup_steps=1", "model.dim=64", f"trainer.resume={tmp_path / 'a'}", f"hydra.run.dir={tmp_path / 'b'}"
+    )
     assert other.returncode == 2 and "Traceback" not in other.stderr
     assert "holds a model the config does not describe: pass model.dim=32" in other.stderr
     assert not (tmp_path / "b").exists()

@@ -83,11 +83,23 @@ def test_compose_and_build_every_option(group, option, compose_cfg, tmp_path):
 def test_model_sizes_match_the_issue(compose_cfg):
     tiny = compose_cfg("model/size=tiny", tiny=False).model
     assert (tiny.vocab_size, tiny.dim, tiny.n_layers, tiny.n_heads, tiny.n_kv_heads, tiny.mlp_hidden, tiny.max_seq_len) == (
-        1024, 128, 2, 4, 2, 384, 128,
+        1024,
+        128,
+        2,
+        4,
+        2,
+        384,
+        128,
     )
     small = compose_cfg("model/size=small", tiny=False).model
     assert (small.vocab_size, small.dim, small.n_layers, small.n_heads, small.n_kv_heads, small.mlp_hidden, small.max_seq_len) == (
-        8192, 384, 6, 6, 2, 1024, 256,
+        8192,
+        384,
+        6,
+        6,
+        2,
+        1024,
+        256,
     )
 
 

@@ -99,9 +99,7 @@ def greedy(model: torch.nn.Module, prompt: torch.Tensor, steps: int) -> torch.Te
 
 def hf_greedy(model: torch.nn.Module, prompt: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
-        return model.generate(
-            prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=NUM_NEW_TOKENS, min_new_tokens=NUM_NEW_TOKENS
-        )
+        return model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=NUM_NEW_TOKENS, min_new_tokens=NUM_NEW_TOKENS)
 
 
 def load_exported(folder: Path) -> torch.nn.Module:
@@ -325,9 +323,7 @@ def test_unsupported_sources_are_refused(tmp_path, monkeypatch):
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
     full_env.update(PYTHONPATH=str(REPO), **(env or {}))
-    return subprocess.run(
-        [sys.executable, "-m", "currytrain.cli", *args], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run([sys.executable, "-m", "currytrain.cli", *args], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
 def populate_cache(hub_cache: Path, repo_id: str, files_from: Path) -> None:

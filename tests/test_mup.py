@@ -129,7 +129,7 @@ def _activation_sizes_after_training(mup: bool, widths=(64, 128, 256), steps: in
             optimizer.step()
             optimizer.zero_grad()
         captured = {}
-        model.norm.register_forward_hook(lambda module, args, out: captured.__setitem__("stream", args[0]))
+        model.norm.register_forward_hook(lambda module, args, out, captured=captured: captured.__setitem__("stream", args[0]))
         with torch.no_grad():
             logits = model(inputs)
         sizes["stream"].append(captured["stream"].pow(2).mean().sqrt().item())

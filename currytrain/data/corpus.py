@@ -20,7 +20,6 @@ from currytrain.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
-
 class TokenCorpus:
     """Train/val token streams plus deterministic random-window batching."""
 
@@ -29,8 +28,7 @@ class TokenCorpus:
     def __init__(self, train: torch.Tensor, val: torch.Tensor, seq_len: int, seed: int):
         if len(train) <= seq_len + 1 or len(val) <= seq_len + 1:
             raise ConfigError(
-                f"data: the corpus is too small for data.seq_len={seq_len} "
-                f"(train {len(train)} tokens, val {len(val)} tokens): add text or lower data.seq_len"
+                f"data: the corpus is too small for data.seq_len={seq_len} (train {len(train)} tokens, val {len(val)} tokens): add text or lower data.seq_len"
             )
         self.train, self.val = train, val
         self.seq_len = seq_len

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 
 def find_text_files(paths: Iterable[str], suffixes: Iterable[str]) -> tuple[list[Path], list[str]]:

@@ -183,10 +183,7 @@ def read_model(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor
         )
     checkpoint = find_checkpoint(path)
     if checkpoint is None:
-        raise ConfigError(
-            f"{path} has no complete checkpoint under checkpoints/: let the run finish (it saves at the end) "
-            "or pass trainer.checkpoint_every=N"
-        )
+        raise ConfigError(f"{path} has no complete checkpoint under checkpoints/: let the run finish (it saves at the end) or pass trainer.checkpoint_every=N")
     return node, _load_checkpoint(node, checkpoint), None
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -249,9 +250,7 @@ class MixtralFamily(Family):
             if fused:
                 names = {"w13": theirs + "mlp.experts.gate_up_proj", "w2": theirs + "mlp.experts.down_proj"}
             else:
-                names = {
-                    w: [f"{theirs}block_sparse_moe.experts.{e}.{w}.weight" for e in range(node["num_experts"])] for w in ("w1", "w2", "w3")
-                }
+                names = {w: [f"{theirs}block_sparse_moe.experts.{e}.{w}.weight" for e in range(node["num_experts"])] for w in ("w1", "w2", "w3")}
             wanted = [router] + [n for v in names.values() for n in ([v] if isinstance(v, str) else v)]
             absent = [n for n in wanted if n not in available]
             if absent:

@@ -11,7 +11,7 @@ Each block implements residual_projections(): the linear layers that write into 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

@@ -25,9 +25,7 @@ class Block(nn.Module):
     ):
         super().__init__()
         self.attention_norm = RMSNorm(dim, norm_eps)
-        self.attention = Attention(
-            dim, n_heads, n_kv_heads, qkv_bias=qkv_bias, qk_norm=qk_norm, norm_eps=norm_eps, softmax_scale=attention_scale
-        )
+        self.attention = Attention(dim, n_heads, n_kv_heads, qkv_bias=qkv_bias, qk_norm=qk_norm, norm_eps=norm_eps, softmax_scale=attention_scale)
         self.mlp_norm = RMSNorm(dim, norm_eps)
         self.mlp = SwiGLU(dim, mlp_hidden)
 
@@ -68,7 +66,15 @@ class GQATransformer(Decoder):
             return Block(dim, n_heads, n_kv_heads, mlp_hidden, norm_eps, qkv_bias=qkv_bias, qk_norm=qk_norm, attention_scale=attention_scale)
 
         super().__init__(
-            vocab_size, dim, n_layers, max_seq_len, norm_eps, tie_embeddings, init_std, mup, mup_base_width,
+            vocab_size,
+            dim,
+            n_layers,
+            max_seq_len,
+            norm_eps,
+            tie_embeddings,
+            init_std,
+            mup,
+            mup_base_width,
             build_block=build_block,
             rope_head_dim=head_dim,
             rope_theta=rope_theta,

@@ -25,7 +25,6 @@ from currytrain.model.decoder import Decoder, mup_attention_scale
 from currytrain.model.layers import Attention, RMSNorm, SwiGLU
 
 
-
 @dataclass
 class Routing:
     """What the router decided for T tokens choosing top_k of E experts."""
@@ -334,7 +333,15 @@ class MoETransformer(Decoder):
             return MoEBlock(dim, n_heads, n_kv_heads, norm_eps, moe, attention_scale=attention_scale)
 
         super().__init__(
-            vocab_size, dim, n_layers, max_seq_len, norm_eps, tie_embeddings, init_std, mup, mup_base_width,
+            vocab_size,
+            dim,
+            n_layers,
+            max_seq_len,
+            norm_eps,
+            tie_embeddings,
+            init_std,
+            mup,
+            mup_base_width,
             build_block=build_block,
             rope_head_dim=head_dim,
             rope_theta=rope_theta,

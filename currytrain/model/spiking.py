@@ -284,15 +284,21 @@ class SpikingTransformer(Decoder):
     ):
         if timesteps < 1:
             raise ValueError(f"timesteps={timesteps} must be >= 1")
-        neuron = dict(
-            tau=tau, threshold=threshold, reset=reset, surrogate=surrogate, slope=surrogate_slope, detach_reset=detach_reset
-        )
+        neuron = dict(tau=tau, threshold=threshold, reset=reset, surrogate=surrogate, slope=surrogate_slope, detach_reset=detach_reset)
 
         def build_block() -> SpikingBlock:
             return SpikingBlock(dim, n_heads, n_kv_heads, mlp_hidden, norm_eps, neuron)
 
         super().__init__(
-            vocab_size, dim, n_layers, max_seq_len, norm_eps, tie_embeddings, init_std, mup, mup_base_width,
+            vocab_size,
+            dim,
+            n_layers,
+            max_seq_len,
+            norm_eps,
+            tie_embeddings,
+            init_std,
+            mup,
+            mup_base_width,
             build_block=build_block,
         )
         self.timesteps = timesteps

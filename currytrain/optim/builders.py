@@ -10,6 +10,7 @@ from torch import nn
 from currytrain.errors import ConfigError
 from currytrain.model.hooks import HasMuP, HiddenMatrices
 
+
 def param_groups(model: nn.Module, weight_decay: float, lr: float) -> list[dict]:
     """Decay matrices and embeddings; leave 1-D parameters (norm gains, biases) undecayed.
 

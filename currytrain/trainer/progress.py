@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import sys
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+from rich.progress import Progress as RichProgress
 
 
 class Progress:
@@ -24,7 +25,7 @@ class Progress:
         )
         self.task = self.bar.add_task("train", total=total, completed=completed, loss=float("nan"), tokens_per_s=0.0)
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         if self.enabled:
             self.bar.start()
             self._route_logging_through_bar()

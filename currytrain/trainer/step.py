@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -56,9 +56,7 @@ def run_accumulated_step(
     num_tokens = 0
     for inputs, targets in microbatches:
         inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-        autocast = (
-            torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
-        )
+        autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
         with autocast:
             task_loss = loss_fn(model(inputs), targets)
             loss = task_loss + model.auxiliary_loss() if isinstance(model, HasAuxiliaryLoss) else task_loss

@@ -84,9 +84,7 @@ class Trainer:
         step, cfg = self.step, self.cfg
         tic = time.perf_counter()
         # 1. forward/backward over the microbatches, 2. clip, 3. finiteness check, 4. optimizer step
-        microbatches = [
-            self.data.batch("train", step, micro, cfg.batch_size, rank=self.state.dp_rank) for micro in range(cfg.grad_accum)
-        ]
+        microbatches = [self.data.batch("train", step, micro, cfg.batch_size, rank=self.state.dp_rank) for micro in range(cfg.grad_accum)]
         result = run_accumulated_step(
             self.model,
             self.optimizer,
