@@ -12,7 +12,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from currytrain.build import build
-from currytrain.checkpoint import Checkpointer, TrainState, find_checkpoint
+from currytrain.checkpoint import Checkpointer, TrainState
 from currytrain.errors import ConfigError
 from currytrain.journal import Journal
 from currytrain.logger.base import MultiLogger
@@ -22,7 +22,7 @@ from currytrain.optim.builders import build_scheduler
 from currytrain.parallel.state import ParallelState
 from currytrain.trainer.progress import Progress
 from currytrain.trainer.step import causal_lm_loss, run_accumulated_step
-from currytrain.weights import architecture_mismatch
+from currytrain.weights import architecture_mismatch, find_checkpoint
 
 log = logging.getLogger(__name__)
 
