@@ -9,10 +9,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import launch
-from currytrain.checkpoint import MARKER, find_checkpoint
 from currytrain.journal import read_journal
 from currytrain.run import RESOLVED, write_run_record
 from currytrain.trainer.trainer import Trainer
+from currytrain.weights import MARKER, find_checkpoint
 
 FAST_DATA = "data.max_bytes=300000"
 
