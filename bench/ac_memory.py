@@ -10,7 +10,7 @@ gradients are allocated beforehand, so they do not count). Per mode:
   peak: the highest running sum over forward + backward (adds backward's recomputation and temporaries);
   step s: the fastest of 5 unprofiled forward + backward passes.
 Ratios are against ac=none measured in the same run; the model is built and parallelized as the trainer
-does it (build_model, then parallel.apply), from the same seed for every mode.
+does it (build_components), from the same seed for every mode.
 """
 
 from __future__ import annotations
@@ -25,9 +25,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from currytrain.benchmark import compose_config  # noqa: E402
-from currytrain.build import build  # noqa: E402
-from currytrain.model import build_model  # noqa: E402
+from currytrain.benchmark import build_step_setup, compose_config  # noqa: E402
 from currytrain.trainer.step import causal_lm_loss  # noqa: E402
 
 MODES = {
@@ -62,10 +60,7 @@ def _net_and_peak(sizes: list[int]) -> tuple[int, int]:
 
 def measure(overrides: list[str], repeats: int = 5) -> dict[str, float]:
     cfg = compose_config(overrides)
-    torch.manual_seed(cfg.seed)
-    parallel = build(cfg.parallel)
-    state = parallel.setup(cfg.trainer.device)
-    model = parallel.apply(build_model(cfg.model), state, cfg.model)
+    model = build_step_setup(cfg).model  # seeded and parallelized (AC applied) as a run builds it
     generator = torch.Generator().manual_seed(cfg.seed)
     tokens = torch.randint(0, cfg.model.vocab_size, (cfg.trainer.batch_size, cfg.data.seq_len + 1), generator=generator)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import DictConfig
 
-from currytrain.build import build
-from currytrain.model import build_model
+from currytrain.components import Components, build_components
+from currytrain.parallel.state import ParallelState, resolve_device
 from currytrain.trainer.step import StepResult, causal_lm_loss, run_accumulated_step
 
 __all__ = [
@@ -22,6 +20,7 @@ __all__ = [
     "causal_lm_loss",
     "compose_config",
     "build_step_setup",
+    "Components",
     "alternating_step_times",
 ]
 
@@ -39,21 +38,10 @@ def compose_config(overrides: list[str]) -> DictConfig:
         return compose(config_name="config", overrides=overrides)
 
 
-@dataclass
-class StepSetup:
-    """What one optimizer step needs, built the way the trainer builds it (seeded by cfg.seed)."""
-
-    cfg: DictConfig
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    data: Any
-
-
-def build_step_setup(cfg: DictConfig) -> StepSetup:
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model)
-    optimizer = build(cfg.optimizer, exclude=["schedule"], model=model)
-    return StepSetup(cfg, model, optimizer, build(cfg.data))
+def build_step_setup(cfg: DictConfig, state: ParallelState | None = None) -> Components:
+    """What one optimizer step needs, built exactly as a run builds it (build_components), by default for
+    one process on trainer.device."""
+    return build_components(cfg, state or ParallelState(device=resolve_device(cfg.trainer.device)))
 
 
 def alternating_step_times(steps: dict[str, Callable[[int], Any]], *, rounds: int, per_round: int = 1, warmup: int = 0) -> dict[str, list[float]]:

@@ -1,4 +1,10 @@
-"""The one place that turns a config node into an object: build(cfg, **runtime)."""
+"""The one place that turns a config node into an object: build(cfg, **runtime).
+
+Only targets that live in an allowed module are built: curryTrain itself, the project's experiments/, and
+the torch modules configs need (torch.optim). A target is resolved before it is allowed, so a name that
+re-exports something from elsewhere (`torch.os.system`, `currytrain.run.os.system`) is refused by where the
+object really lives. A project adds modules with `build.allow=[my_package]` in its config.
+"""
 
 from __future__ import annotations
 
@@ -12,20 +18,55 @@ from currytrain.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-ALLOWED_PREFIXES = ("currytrain.", "torch.", "experiments.")
+ALLOWED_MODULES = ("currytrain", "experiments", "torch.optim")
+_extra_allowed: tuple[str, ...] = ()
 
 
-def _targets(node: Any, path: str) -> Iterable[tuple[str, str]]:
+def allow_modules(modules: Iterable[str]) -> None:
+    """Add the config's `build.allow` modules for every later build() in this process (build_components calls it)."""
+    global _extra_allowed
+    _extra_allowed = tuple(dict.fromkeys([*_extra_allowed, *modules]))
+
+
+def _inside(module: str, allowed: Iterable[str]) -> bool:
+    return any(module == root or module.startswith(root + ".") for root in allowed)
+
+
+def target_problem(target: str, extra: Iterable[str] = ()) -> str | None:
+    """Why `target` may not be built (outside the allowed modules, or not importable), or None if it may."""
+    allowed = (*ALLOWED_MODULES, *_extra_allowed, *extra)
+    module, _, _ = target.rpartition(".")
+    fix = "move the class into experiments/ (or add its package to build.allow)"
+    if not module or not _inside(module, allowed):
+        return f"{target} is outside the allowed modules {list(allowed)}: {fix}"
+    from hydra.utils import get_object  # Hydra's own resolver, the one instantiate() uses
+
+    try:
+        found = get_object(target)
+    except Exception as error:  # any import failure is the user's to fix
+        reason = " ".join(str(error.__cause__ or error).split())
+        return f"{target} cannot be imported ({reason}): check the spelling, or that the module imports"
+    home = getattr(found, "__module__", None)
+    if not callable(found) or home is None or not _inside(home, allowed):
+        return f"{target} resolves to {found!r} from module {home}, outside the allowed modules {list(allowed)}: {fix}"
+    return None
+
+
+def targets(node: Any, path: str = "") -> Iterable[tuple[str, str]]:
     """Every (key, _target_) in the subtree: instantiate builds targets inside lists too."""
     if isinstance(node, DictConfig):
         target = node.get("_target_")
         if target is not None:
-            yield path, str(target)
+            yield (f"{path}._target_" if path else "_target_"), str(target)
         for key in node.keys():
-            yield from _targets(node._get_node(key), f"{path}.{key}" if path else str(key))
+            yield from targets(node._get_node(key), f"{path}.{key}" if path else str(key))
     elif isinstance(node, ListConfig):
         for index in range(len(node)):
-            yield from _targets(node._get_node(index), f"{path}[{index}]")
+            yield from targets(node._get_node(index), f"{path}[{index}]")
+
+
+def target_problems(node: Any, path: str = "", extra: Iterable[str] = ()) -> list[str]:
+    return [f"{key}={problem}" for key, target in targets(node, path) if (problem := target_problem(target, extra))]
 
 
 def build(cfg: DictConfig, *, exclude: Iterable[str] = (), **runtime: Any) -> Any:
@@ -36,10 +77,9 @@ def build(cfg: DictConfig, *, exclude: Iterable[str] = (), **runtime: Any) -> An
     """
     if cfg.get("_target_") is None:
         return None
-    for path, target in _targets(cfg, ""):
-        if not target.startswith(ALLOWED_PREFIXES):
-            where = f"{path}._target_" if path else "_target_"
-            raise ConfigError(f"{where}={target} is outside the allowed packages {list(ALLOWED_PREFIXES)}: move the class into experiments/")
+    problems = target_problems(cfg)
+    if problems:
+        raise ConfigError("; ".join(problems))
     collisions = sorted(set(runtime) & set(cfg.keys()))
     if collisions:
         raise ConfigError(f"build({cfg._target_}): runtime arguments {collisions} collide with config fields of the same name")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import shutil
 import time
 import warnings
@@ -26,31 +25,31 @@ from torch.distributed.checkpoint.stateful import Stateful
 from currytrain.errors import ConfigError
 from currytrain.weights import MARKER, STEP_DIR, complete_checkpoints, is_complete
 
-log = logging.getLogger(__name__)
-
 
 class TrainState(Stateful):
-    """Everything a resumed run needs to continue bit-for-bit: weights, optimizer, schedule, step, RNG."""
+    """Everything a resumed run needs to continue bit-for-bit: weights, optimizer, schedule, step, and the
+    RNG state of every rank (each rank saves its own under rng.rank_<r>)."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any):
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, rank: int = 0):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.rank = rank
         self.step = 0
+        self.with_rng = True
+        """False while loading a checkpoint that has no RNG state for this rank (saved at a smaller world size)."""
 
     def state_dict(self) -> dict[str, Any]:
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        return {
-            "model": model_state,
-            "optimizer": optim_state,
-            "scheduler": self.scheduler.state_dict(),
-            "step": self.step,
-            "rng": torch.get_rng_state(),
-        }
+        state = {"model": model_state, "optimizer": optim_state, "scheduler": self.scheduler.state_dict(), "step": self.step}
+        if self.with_rng:
+            state["rng"] = {f"rank_{self.rank}": torch.get_rng_state()}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
-        torch.set_rng_state(state["rng"])
+        if "rng" in state:
+            torch.set_rng_state(state["rng"][f"rank_{self.rank}"])
 
 
 def _distributed() -> bool:
@@ -106,8 +105,13 @@ class Checkpointer:
     def load(path: Path, train_state: TrainState) -> None:
         if not is_complete(path):
             raise ConfigError(f"trainer.resume: {path} is not a complete checkpoint (no {MARKER} marker)")
-        with _quiet_single_process():
-            dcp.load({"train": train_state}, checkpoint_id=str(path), no_dist=not _distributed())
+        saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+        train_state.with_rng = f"train.rng.rank_{train_state.rank}" in saved
+        try:
+            with _quiet_single_process():
+                dcp.load({"train": train_state}, checkpoint_id=str(path), no_dist=not _distributed())
+        finally:
+            train_state.with_rng = True
 
 
 def load_model_state(path: Path, model_state: dict[str, Any]) -> None:

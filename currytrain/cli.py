@@ -4,7 +4,7 @@
     currytrain hf export RUN OUTDIR          a curryTrain run or import folder -> Hugging Face folder
 
 Each subcommand imports its machinery only when it runs, so `currytrain --help` stays instant.
-A user error (ConfigError) prints one message and exits 2.
+A typed outcome (currytrain.errors) prints one message and exits with its code: 2 for a user error.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import argparse
 import logging
 import sys
 
-from currytrain.errors import EXIT_CONFIG_ERROR, ConfigError
+from currytrain.errors import Outcome
 
 
 def _hf_import(args: argparse.Namespace) -> None:
@@ -61,9 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         args.handler(args)
-    except ConfigError as error:
+    except Outcome as error:  # a config error (2), a failed gate (3), an abort (4): one message, no traceback
         print(f"curryTrain: {error}", file=sys.stderr)
-        return EXIT_CONFIG_ERROR
+        return error.exit_code
     return 0
 
 

@@ -34,8 +34,13 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "abort": {"none": NoAbortConfig},
 }
 
-# Groups whose options are chosen as a list (several active at once); each option sits at <group>.<name>.
-MULTI_GROUPS = ("logger",)
+
+@dataclass
+class BuildConfig:
+    """What build() may instantiate besides curryTrain, experiments/ and torch.optim."""
+
+    allow: list[str] = field(default_factory=list)
+    """Extra modules (and their submodules) whose classes and functions configs may name as _target_."""
 
 
 @dataclass
@@ -49,6 +54,7 @@ class RootConfig:
     sweep: Any = MISSING
     abort: Any = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    build: BuildConfig = field(default_factory=BuildConfig)
     seed: int = 0
     """Seeds model init, the data split and every batch: same seed, same loss curve."""
 

@@ -1,8 +1,67 @@
-"""The error type for user mistakes: bad config values, missing paths. Reported as one message, exit code 2."""
+"""Typed outcomes of a job. Jobs raise them; only the entry points (launch.py, the `currytrain` command)
+turn them into exit codes, so one bad trial of a sweep fails that trial and not the whole process.
 
+    0 ok | 1 crash (any other exception) or a failed run | 2 config error | 3 failed ladder gate | 4 abort
+
+Each outcome is a CompactHydraException: Hydra prints its message alone, without a traceback.
+"""
+
+from __future__ import annotations
+
+from hydra.errors import CompactHydraException
+
+EXIT_OK = 0
+EXIT_CRASH = 1
 EXIT_CONFIG_ERROR = 2
-"""Exit code of every user error (bad config, bad path), from launch.py and the currytrain command."""
+EXIT_GATE_FAILED = 3
+EXIT_ABORTED = 4
 
 
-class ConfigError(ValueError):
+class Outcome(CompactHydraException):
+    """A job ending other than success, with the exit code its entry point returns."""
+
+    exit_code = EXIT_CRASH
+
+
+class ConfigError(Outcome, ValueError):
     """A problem the user fixes by changing the config or a path; the message names the key and the fix."""
+
+    exit_code = EXIT_CONFIG_ERROR
+
+
+class RunFailed(Outcome):
+    """The run ended without a usable result (a final val loss that is not finite)."""
+
+    exit_code = EXIT_CRASH
+
+
+class GateFailed(Outcome):
+    """A validation-ladder stage failed its gate."""
+
+    exit_code = EXIT_GATE_FAILED
+
+
+class Aborted(Outcome):
+    """An abort condition stopped the run on purpose (journaled with its reason)."""
+
+    exit_code = EXIT_ABORTED
+
+
+class Pruned(Outcome):
+    """The sweep's pruner stopped this trial early; the sweeper records it as PRUNED, not as a failure."""
+
+    exit_code = EXIT_ABORTED
+
+
+class ConfigRejected(BaseException):
+    """A ConfigError found by the validation callback, before Hydra creates any folder. Hydra turns an
+    Exception raised in a callback into a warning and goes on, so this derives from BaseException, as
+    SystemExit does; launch.py prints the error and exits 2."""
+
+    def __init__(self, error: ConfigError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def exit_code_of(error: BaseException) -> int:
+    return error.exit_code if isinstance(error, Outcome) else EXIT_CRASH

@@ -1,8 +1,9 @@
 """The run journal (journal.jsonl): a header that makes the run reproducible, then one line per event.
 
 Header: seed, git SHA and dirty flag (the dirty diff goes to git.diff beside it), package versions,
-world size, host, the overrides and the config's difference from the defaults. Events: start,
-eval, checkpoint, resume, skip_step, finish, and what later issues add (kill, rollback).
+world size, host, the overrides and the config's difference from the defaults. Events: launch (a relaunch
+into the same folder), start, metrics, eval, checkpoint, resume, init_from, skip_step, rollback, finish, and
+how a run that did not finish ended: config_error, abort, pruned, or failure (with the traceback).
 """
 
 from __future__ import annotations

@@ -1,21 +1,22 @@
 """From a composed config to a finished run: write the run folder's record, then train.
 
 compose (Hydra) -> validate -> resolved.yaml + journal header -> worker(s) read resolved.yaml -> train.
+A job raises its outcome (currytrain.errors); launch.py alone turns it into an exit code.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import traceback
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from currytrain.errors import ConfigError
+from currytrain.errors import Aborted, ConfigError, Pruned
 from currytrain.journal import Journal, config_diff
-from currytrain.validate import exit_on_problems, validate
+from currytrain.validate import raise_on_problems, validate
 from currytrain.weights import RESOLVED
-
-log = logging.getLogger(__name__)
 
 
 def default_config() -> dict | None:
@@ -51,24 +52,49 @@ def run(cfg: DictConfig) -> float:
     if hydra_cfg.mode == RunMode.MULTIRUN:
         # A single run was validated by ValidateCallback.on_run_start; a multirun's jobs are composed
         # after on_multirun_start, each with its own swept values and folder, so each is checked here.
-        exit_on_problems(validate(cfg, str(run_dir)))
+        # A bad job raises: the launcher records it and the other jobs still run.
+        raise_on_problems(validate(cfg, str(run_dir)))
     resolved_path = write_run_record(cfg, run_dir, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.cwd))
-    try:
-        return run_worker(resolved_path)
-    except ConfigError as error:
-        # What validation cannot see before building (a corpus shorter than one sequence): still the
-        # user's to fix, so one message and exit code 2 rather than a traceback.
-        Journal(run_dir / "journal.jsonl").event("config_error", message=str(error))
-        exit_on_problems([str(error)])
-        raise  # unreachable: exit_on_problems exits
+    return run_worker(resolved_path)
+
+
+# How a run that did not finish is journaled, by outcome; anything else is a `failure` with its traceback.
+OUTCOME_EVENTS = {ConfigError: "config_error", Aborted: "abort", Pruned: "pruned"}
+
+
+def journal_outcome(journal: Journal, error: BaseException) -> None:
+    kind = next((name for cls, name in OUTCOME_EVENTS.items() if isinstance(error, cls)), "failure")
+    fields = {"message": str(error), "error": type(error).__name__}
+    if kind == "failure":
+        fields["traceback"] = "".join(traceback.format_exception(error))
+    journal.event(kind, **fields)
 
 
 def run_worker(resolved_path: Path) -> float:
-    """A worker's whole job: read the resolved config written by the launcher and train."""
+    """A worker's whole job: read the resolved config written by the launcher, open the parallel session
+    (process groups, device) once, and train inside it. Every way the run ends is journaled (rank 0)."""
+    from currytrain.components import parallel_session
     from currytrain.trainer.trainer import Trainer
 
     cfg = OmegaConf.load(resolved_path)
     run_dir = Path(resolved_path).parent
-    val_loss = Trainer(cfg, run_dir).train()
-    print(f"final val loss {val_loss:.4f} nats/token | run folder: {run_dir}")
+    journal = Journal(run_dir / "journal.jsonl", enabled=int(os.environ.get("RANK", "0")) == 0)
+    try:
+        with parallel_session(cfg) as state:
+            if not state.is_main:  # one console: the other ranks say only what is wrong
+                logging.getLogger("currytrain").setLevel(logging.WARNING)
+            val_loss = Trainer(cfg, run_dir, state, hooks=build_hooks(cfg)).train()
+    except BaseException as error:
+        journal_outcome(journal, error)
+        raise
+    if journal.enabled:
+        print(f"final val loss {val_loss:.4f} nats/token | run folder: {run_dir}")
     return val_loss
+
+
+def build_hooks(cfg: DictConfig) -> list:
+    """The StepHooks this run's config asks for (abort conditions; sweep pruning lands with the sweeper)."""
+    from currytrain.build import build
+
+    abort = build(cfg.abort)
+    return [] if abort is None else [abort]

@@ -48,6 +48,13 @@ def find_checkpoint(location: Path) -> Path | None:
     return None
 
 
+def resume_checkpoint(resume: str, run_dir: str | Path | None) -> Path | None:
+    """The checkpoint trainer.resume names (none, auto = this run folder, or a path), or None when there is none."""
+    if resume == "none" or (resume == "auto" and run_dir is None):
+        return None
+    return find_checkpoint(Path(run_dir if resume == "auto" else resume).expanduser())
+
+
 def model_node_of(path: str | Path) -> dict[str, Any] | None:
     """The model config node the weights at `path` were written with, or None if `path` is none of the three."""
     path = Path(path).expanduser()

@@ -10,8 +10,8 @@ import torch
 from hydra.errors import InstantiationException
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
+from currytrain.benchmark import build_step_setup
 from currytrain.build import build
-from currytrain.model import build_model
 from currytrain.model.config import APPLIED_FROM_OUTSIDE, DecoderConfig
 from currytrain.model.gqa import Block, GQATransformer
 from currytrain.model.hooks import HasAuxiliaryLoss
@@ -124,8 +124,7 @@ def test_fields_applied_from_outside_are_decoder_fields_and_not_constructor_argu
     cfg = compose_cfg("model.ac=selective", "model.ac_policy=block", "model.ac_every=1")
     with pytest.raises(InstantiationException, match="unexpected keyword argument 'ac'"):
         build(cfg.model)  # the plain build passes them to the constructor, which rejects them
-    parallel = build(cfg.parallel)
-    model = parallel.apply(build_model(cfg.model), parallel.setup("cpu"), cfg.model)
+    model = build_step_setup(cfg).model
     assert all(isinstance(layer, CheckpointWrapper) for layer in model.layers)
     assert isinstance(model.layers[0]._checkpoint_wrapped_module, Block)
 
@@ -158,9 +157,7 @@ def test_every_decoder_family_gets_the_same_gradients_under_ac(family, compose_c
     results = {}
     for name, overrides in settings.items():
         cfg = compose_cfg(f"model={family}", "model.n_layers=2", *overrides)
-        torch.manual_seed(0)
-        parallel = build(cfg.parallel)
-        model = parallel.apply(build_model(cfg.model), parallel.setup("cpu"), cfg.model)
+        model = build_step_setup(cfg).model  # seeded by cfg.seed: the same weights for every setting
         assert all(isinstance(layer, CheckpointWrapper) for layer in model.layers) == (name != "none")
         inputs, targets = _batch(seq_len=16)
         loss = causal_lm_loss(model(inputs), targets)

@@ -13,7 +13,7 @@ from conftest import ROOT, launch
 BAD_CONFIGS = [
     # (overrides, text every message must contain)
     (["model=nope"], ["Could not find 'model/nope'", "gqa"]),
-    (["optimizer.lr=-1"], ["optimizer.lr=-1.0", "must be > 0"]),
+    (["optimizer.lr=-1"], ["optimizer.lr=-1.0", "must be a finite number > 0"]),
     (["optimizer.lrr=0.1"], ["optimizer.lrr", "Key 'lrr' not in 'AdamWConfig'"]),
     (["optimizer.lr=fast"], ["optimizer.lr", "could not be converted to Float"]),
     (["model.n_kv_heads=3"], ["model.n_kv_heads=3 does not divide model.n_heads=2", "choose model.n_kv_heads in [1, 2]"]),
@@ -39,6 +39,11 @@ BAD_CONFIGS = [
     (["trainer.batch_size=0"], ["trainer.batch_size=0 must be >= 1"]),
     (["parallel.nproc=2"], ["parallel.nproc=2"]),
     (["model.vocab_size=100"], ["model.vocab_size=100 is smaller than the data's vocabulary (256)"]),
+    (["optimizer.lr=nan"], ["optimizer.lr=nan must be a finite number > 0"]),
+    (["+trainer.max_step=10"], ["trainer.max_step is not a field of TrainerConfig", "did you mean trainer.max_steps?"]),
+    (["+optimizer.lrr=0.1"], ["optimizer.lrr is not a field of AdamWConfig", "did you mean optimizer.lr?"]),
+    (["+model.dimm=64"], ["model.dimm is not a field of GQAConfig", "did you mean model.dim?"]),
+    (["+seeed=1"], ["seeed is not a field of RootConfig", "did you mean seed?"]),
 ]
 
 
@@ -131,3 +136,51 @@ def test_cfg_job_is_fast_path_without_heavy_imports():
     assert "_target_: currytrain.model.gqa.GQATransformer" in result.stdout
     heavy = json.loads(result.stdout.split("HEAVY=")[1])
     assert heavy == []
+
+
+HOSTILE_TARGETS = ["torch.hub.load", "torch.save", "torch.os.system", "os.system", "builtins.eval", "currytrain.run.os.system"]
+
+
+@pytest.mark.parametrize("target", HOSTILE_TARGETS)
+def test_targets_outside_the_allowed_modules_are_refused_before_anything_is_written(target, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    run_dir = tmp_path / "run"
+    # A top-level key and one nested in a list inside another group: both are walked.
+    for override in (f"+parallel.x={{_target_:{target},_args_:[pwned,{victim}]}}", f"+optimizer.schedule.extra=[{{_target_:{target},_args_:[{victim}]}}]"):
+        result = launch(override, f"hydra.run.dir={run_dir}")
+        assert result.returncode == 2, result.stderr[-2000:]
+        assert f"_target_={target}" in result.stderr and "outside the allowed modules" in result.stderr, result.stderr
+        assert victim.read_text() == "precious" and not run_dir.exists()
+
+
+@pytest.mark.parametrize("target", HOSTILE_TARGETS)
+def test_build_refuses_targets_outside_the_allowed_modules_nested_ones_included(target):
+    from omegaconf import OmegaConf
+
+    from currytrain.build import build
+    from currytrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="outside the allowed modules"):
+        build(OmegaConf.create({"_target_": target, "_args_": ["x"]}))
+    nested = {"_target_": "currytrain.data.corpus.SyntheticTokens", "seq_len": 8, "hooks": [{"inner": {"_target_": target}}]}
+    with pytest.raises(ConfigError, match=r"hooks\[0\]\.inner\._target_"):
+        build(OmegaConf.create(nested))
+
+
+def test_build_allow_extends_the_allowed_modules_for_one_run(compose_cfg):
+    from currytrain.validate import validate
+
+    cfg = compose_cfg("+logger.crash={_target_:tests.faulty.CrashingLogger}")
+    assert any("logger.crash._target_=tests.faulty.CrashingLogger is outside the allowed modules" in p for p in validate(cfg))
+    assert validate(compose_cfg("build.allow=[tests]", "+logger.crash={_target_:tests.faulty.CrashingLogger}")) == []
+
+
+def test_no_sys_exit_inside_the_package_outside_its_command_line_entry():
+    offenders = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in (ROOT / "currytrain").rglob("*.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "sys.exit(" in line and path.name != "cli.py"
+    ]
+    assert offenders == []

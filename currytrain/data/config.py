@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from currytrain.rules import at_least
 
 BYTE_VOCAB = 256
 """Vocabulary of the byte-level corpora: token id = byte value."""
@@ -23,6 +26,15 @@ class ByteCorpusConfig:
     seed: int = "${seed}"  # type: ignore[assignment]
     """Seed of the file split and of batch sampling."""
 
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        problems = at_least(node, path, ("seq_len",))
+        if not 0 < node.val_fraction < 1:
+            problems.append(f"{path}.val_fraction={node.val_fraction} must be in (0, 1): pass {path}.val_fraction=0.1")
+        if not node.max_bytes >= 0:
+            problems.append(f"{path}.max_bytes={node.max_bytes} must be >= 0 (0 reads everything): pass {path}.max_bytes=0")
+        return problems
+
 
 @dataclass
 class StdlibBytesConfig(ByteCorpusConfig):
@@ -42,6 +54,21 @@ class TextConfig(ByteCorpusConfig):
     suffixes: list[str] = field(default_factory=lambda: [".txt", ".md", ".py"])
     """File endings read from folders (files named directly are always read)."""
 
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        """The paths hold readable text, and enough of it for one sequence in each split (sized, not read)."""
+        from currytrain.data.files import find_text_files, plan_split, planned_sizes
+
+        files, problems = find_text_files(node.paths, node.suffixes)
+        if files and not problems and 0 < node.val_fraction < 1 and node.max_bytes >= 0:
+            train, val = planned_sizes(plan_split(files, node.val_fraction, node.max_bytes, node.seed))
+            if min(train, val) <= node.seq_len + 1:
+                problems.append(
+                    f"{path}.paths hold {train} train / {val} val bytes, too few for {path}.seq_len={node.seq_len} "
+                    f"(each split needs more than one sequence): add text, lower {path}.seq_len or change {path}.val_fraction"
+                )
+        return problems
+
 
 @dataclass
 class SyntheticConfig:
@@ -56,3 +83,10 @@ class SyntheticConfig:
     """Length of the generated token stream (train); val gets a tenth of it."""
     seed: int = "${seed}"  # type: ignore[assignment]
     """Seed of the generated stream and of batch sampling."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        problems = at_least(node, path, ("seq_len", "vocab_size"))
+        if node.num_tokens <= node.seq_len + 1:
+            problems.append(f"{path}.num_tokens={node.num_tokens} must exceed {path}.seq_len + 1 = {node.seq_len + 1}: pass {path}.num_tokens=1000000")
+        return problems

@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from currytrain.errors import ConfigError
 from currytrain.hf.families import FAMILIES, IGNORED_SUFFIXES, Family, family_for_model
 from currytrain.hf.hub import resolve_source
-from currytrain.weights import MODEL_YAML, RESOLVED, find_checkpoint, model_node_of
+from currytrain.weights import MODEL_YAML, RESOLVED, architecture_mismatch, find_checkpoint, model_node_of
 
 log = logging.getLogger(__name__)
 
@@ -200,15 +200,29 @@ def _load_checkpoint(node: dict[str, Any], checkpoint: Path) -> dict[str, torch.
     return dict(state)
 
 
+def load_weights(model: torch.nn.Module, path: str | Path, model_cfg: Any | None = None, what: str | None = None) -> dict[str, Any]:
+    """Load the weights of an import folder, run folder or checkpoint folder into `model` (strict); returns
+    their model node. With model_cfg, a model the weights were not written for is a ConfigError naming the fix."""
+    node, state, _ = read_model(path)
+    if model_cfg is not None and (problem := architecture_mismatch(node, model_cfg)):
+        raise ConfigError(f"{what or path} {problem}")
+    _load_state(model, node, state)
+    return node
+
+
+def _load_state(model: torch.nn.Module, node: dict[str, Any], state: dict[str, torch.Tensor]) -> None:
+    if node.get("tie_embeddings"):  # stored once; the readout shares the embedding's tensor
+        state = {**state, "output.weight": state["tok_embeddings.weight"]}
+    model.load_state_dict(state, strict=True)
+
+
 def load_model(path: str | Path) -> torch.nn.Module:
     """The curryTrain model of an import folder, run folder or checkpoint folder, weights loaded, in eval mode."""
     from currytrain.model import build_model
 
     node, state, _ = read_model(path)
     model = build_model(OmegaConf.create(node))
-    if node.get("tie_embeddings"):
-        state = {**state, "output.weight": state["tok_embeddings.weight"]}
-    model.load_state_dict(state, strict=True)
+    _load_state(model, node, state)
     return model.eval()
 
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from currytrain.build import ALLOWED_PREFIXES
+from currytrain.build import target_problem
 from currytrain.model.config import GQAConfig, MoEConfig
 from currytrain.model.gqa import GQATransformer
 from currytrain.model.moe import MoETransformer
@@ -327,7 +327,7 @@ FAMILIES: dict[str, Family] = {
 def _model_class(target: str) -> type | None:
     """The class a model node's _target_ names, or None. Like build(), imports nothing outside its allow-list."""
     module, _, name = target.rpartition(".")
-    if not module or not target.startswith(ALLOWED_PREFIXES):
+    if not module or target_problem(target) is not None:
         return None
     try:
         found = getattr(importlib.import_module(module), name, None)
@@ -350,7 +350,3 @@ def family_for_model(node: dict[str, Any]) -> Family | str:
     if model_class is MoETransformer:
         return FAMILIES["MixtralForCausalLM"]
     return f"model._target_={target} has no Hugging Face counterpart; export supports model=gqa and model=moe"
-
-
-def supported() -> Iterable[str]:
-    return FAMILIES.keys()

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from currytrain.rules import at_least, divisors, one_of, positive
 
 AC_MODES = ("none", "full", "selective")
 """Activation-checkpointing modes (model.ac); parallelize_decoder implements each."""
@@ -58,6 +61,37 @@ class DecoderConfig:
     """With ac=selective and ac_policy=block: checkpoint blocks 0, k, 2k, ... of model.layers
     (1 checkpoints all of them, like ac=full)."""
 
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        """Sizes, init, activation checkpointing and muP fields every decoder family has."""
+        problems = at_least(node, path, ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden", "max_seq_len"))
+        problems += positive(node, path, "init_std", 0.02) + positive(node, path, "norm_eps", 1e-5)
+        problems += one_of(node, path, "ac", AC_MODES, fix="full") + one_of(node, path, "ac_policy", AC_POLICIES)
+        if not node.ac_every >= 1:
+            problems.append(f"{path}.ac_every={node.ac_every} must be >= 1 (checkpoint every k-th block): pass {path}.ac_every=2")
+        if not node.mup_base_width >= 1:
+            problems.append(
+                f"{path}.mup_base_width={node.mup_base_width} must be >= 1: pass the {path}.dim hyperparameters were tuned at, "
+                f"e.g. {path}.mup_base_width={max(1, node.dim)}"
+            )
+        if node.n_heads < 1 or node.n_kv_heads < 1 or node.dim < 1:
+            return problems
+        if node.dim % node.n_heads:
+            problems.append(f"{path}.n_heads={node.n_heads} does not divide {path}.dim={node.dim}: choose {path}.n_heads in {divisors(node.dim)[:12]}")
+        if node.n_heads % node.n_kv_heads:
+            problems.append(
+                f"{path}.n_kv_heads={node.n_kv_heads} does not divide {path}.n_heads={node.n_heads}: choose {path}.n_kv_heads in {divisors(node.n_heads)}"
+            )
+        return problems
+
+
+def rope_problems(node: Any, path: str) -> list[str]:
+    """The families with rotary position embeddings need a positive theta and an even head size."""
+    problems = positive(node, path, "rope_theta", 10000)
+    if node.n_heads >= 1 and node.dim % node.n_heads == 0 and (node.dim // node.n_heads) % 2:
+        problems.append(f"{path}.dim/{path}.n_heads={node.dim // node.n_heads} is odd, RoPE needs an even head size: change {path}.dim or {path}.n_heads")
+    return problems
+
 
 @dataclass
 class GQAConfig(DecoderConfig):
@@ -68,6 +102,10 @@ class GQAConfig(DecoderConfig):
     """Give the query/key/value projections a bias (Qwen2); the output projection never has one."""
     qk_norm: bool = False
     """RMS-normalise each query and key head (learned gain of size dim/n_heads) before RoPE (Qwen3)."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        return rope_problems(node, path)
 
 
 @dataclass
@@ -101,6 +139,20 @@ class MoEConfig(DecoderConfig):
     """Weight of the router z-loss (ST-MoE: mean squared logsumexp of the router logits), per layer, summed."""
     shared_expert: bool = False
     """Add a dense SwiGLU of width mlp_hidden that every token passes through, next to the routed experts."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        """Routing fields of model=moe."""
+        problems = rope_problems(node, path) + at_least(node, path, ("num_experts", "top_k", "expert_hidden"))
+        if node.num_experts >= 1 and not 1 <= node.top_k <= node.num_experts:
+            problems.append(f"{path}.top_k={node.top_k} must be in [1, {path}.num_experts={node.num_experts}]: pass {path}.top_k={min(2, node.num_experts)}")
+        problems += one_of(node, path, "gating", MOE_GATINGS)
+        if not node.capacity_factor >= 0:
+            problems.append(f"{path}.capacity_factor={node.capacity_factor} must be >= 0 (0 is dropless): pass {path}.capacity_factor=1.25 or 0")
+        for key in ("aux_loss_coef", "z_loss_coef"):
+            if not node[key] >= 0:
+                problems.append(f"{path}.{key}={node[key]} must be >= 0 (0 disables it): pass {path}.{key}=0")
+        return problems
 
 
 MOE_GATINGS = ("softmax", "sigmoid")
@@ -143,3 +195,12 @@ class SpikingConfig(DecoderConfig):
     detach_reset: bool = True
     """Stop gradients through the reset (the spike that lowers the membrane), as Spikformer does; the
     membrane still leaks gradient through time."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        """The LIF neuron fields of model=spiking (no RoPE: positions come from the causal mask)."""
+        problems = at_least(node, path, ("timesteps",))
+        if not node.tau >= 1:
+            problems.append(f"{path}.tau={node.tau} must be >= 1 (timesteps; 1 keeps no memory): pass {path}.tau=2.0")
+        problems += positive(node, path, "threshold", 1.0) + positive(node, path, "surrogate_slope", 4.0)
+        return problems + one_of(node, path, "reset", SPIKE_RESETS) + one_of(node, path, "surrogate", SPIKE_SURROGATES)

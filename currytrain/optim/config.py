@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from currytrain.rules import one_of, positive
 
 SCHEDULE_KINDS = ("cosine", "linear", "constant")
 
@@ -17,6 +20,22 @@ class ScheduleConfig:
     """Steps of linear warmup from 0 to lr."""
     min_lr_ratio: float = 0.1
     """Floor of the decay, as a fraction of lr."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        problems = one_of(node, path, "kind", SCHEDULE_KINDS)
+        if not node.warmup_steps >= 0:
+            problems.append(f"{path}.warmup_steps={node.warmup_steps} must be >= 0: pass {path}.warmup_steps=0")
+        if not 0 <= node.min_lr_ratio <= 1:
+            problems.append(f"{path}.min_lr_ratio={node.min_lr_ratio} must be in [0, 1]: pass {path}.min_lr_ratio=0.1")
+        return problems
+
+
+def lr_and_decay_problems(node: Any, path: str) -> list[str]:
+    problems = [] if node.lr > 0 and node.lr != float("inf") else [f"{path}.lr={node.lr} must be a finite number > 0: pass e.g. {path}.lr=3e-4"]
+    if not node.weight_decay >= 0:
+        problems.append(f"{path}.weight_decay={node.weight_decay} must be >= 0: pass {path}.weight_decay=0.1")
+    return problems
 
 
 @dataclass
@@ -34,6 +53,13 @@ class AdamWConfig:
     """Decoupled weight decay on >=2-D parameters."""
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
 
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        problems = lr_and_decay_problems(node, path)
+        if len(node.betas) != 2 or not all(0 <= b < 1 for b in node.betas):
+            problems.append(f"{path}.betas={list(node.betas)} must be two numbers in [0, 1): pass {path}.betas=[0.9,0.95]")
+        return problems + positive(node, path, "eps", 1e-8)
+
 
 @dataclass
 class SGDConfig:
@@ -49,3 +75,12 @@ class SGDConfig:
     weight_decay: float = 0.0
     """L2 weight decay on >=2-D parameters."""
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        problems = lr_and_decay_problems(node, path)
+        if not 0 <= node.momentum < 1:
+            problems.append(f"{path}.momentum={node.momentum} must be in [0, 1): pass {path}.momentum=0.9")
+        elif node.nesterov and node.momentum == 0:
+            problems.append(f"{path}.nesterov=true needs momentum, but {path}.momentum=0: pass {path}.nesterov=false or {path}.momentum=0.9")
+        return problems

@@ -1,7 +1,7 @@
 """parallelize_decoder: everything applied to a built decoder from outside its model file.
 
-One function per model family, each applying the parallelisms in a fixed order. Every decoder family
-(gqa, moe, spiking) keeps its blocks in `model.layers`, an nn.ModuleList, and shares this one.
+Every decoder family (gqa, moe, spiking) keeps its blocks in `model.layers`, an nn.ModuleList, so the three
+share this one function, which applies the parallelisms in a fixed order.
 """
 
 from __future__ import annotations

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from currytrain.rules import at_least, one_of
+
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("fp32", "bf16")
 
 
 @dataclass
@@ -36,3 +42,18 @@ class TrainerConfig:
     """fp32, or bf16 (autocast; the weights and optimizer stay fp32)."""
     progress: bool = True
     """Show the rich progress bar (step, loss, tokens/s, ETA)."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        problems = at_least(node, path, ("max_steps", "batch_size", "grad_accum", "eval_every", "eval_batches", "log_every", "keep_last"))
+        if not node.grad_clip >= 0:
+            problems.append(f"{path}.grad_clip={node.grad_clip} must be >= 0 (0 disables clipping): pass {path}.grad_clip=1.0")
+        if not node.checkpoint_every >= 0:
+            problems.append(f"{path}.checkpoint_every={node.checkpoint_every} must be >= 0 (0 saves only at the end): pass {path}.checkpoint_every=0")
+        problems += one_of(node, path, "device", DEVICES) + one_of(node, path, "precision", PRECISIONS)
+        if node.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                problems.append(f"{path}.device=cuda but no CUDA device is visible: pass {path}.device=auto (or cpu)")
+        return problems

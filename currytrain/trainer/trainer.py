@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -13,20 +14,18 @@ from omegaconf import DictConfig, OmegaConf
 
 from currytrain.build import build
 from currytrain.checkpoint import Checkpointer, TrainState
-from currytrain.errors import ConfigError
+from currytrain.components import Components, build_components
+from currytrain.errors import Aborted, ConfigError, Pruned, RunFailed
 from currytrain.journal import Journal
 from currytrain.logger.base import MultiLogger
-from currytrain.model import build_model
 from currytrain.model.hooks import HasTrainingMetrics
-from currytrain.optim.builders import build_scheduler
-from currytrain.parallel.state import ParallelState
+from currytrain.parallel.state import ParallelState, resolve_device
+from currytrain.trainer.hooks import Action, Decision, StepHook, decide
 from currytrain.trainer.progress import Progress
 from currytrain.trainer.step import causal_lm_loss, run_accumulated_step
-from currytrain.weights import architecture_mismatch, find_checkpoint
+from currytrain.weights import find_checkpoint, resume_checkpoint
 
 log = logging.getLogger(__name__)
-
-PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 
 
 def build_loggers(logger_cfg: DictConfig, run_dir: Path, enabled: bool) -> MultiLogger:
@@ -36,23 +35,29 @@ def build_loggers(logger_cfg: DictConfig, run_dir: Path, enabled: bool) -> Multi
 
 
 class Trainer:
-    def __init__(self, cfg: DictConfig, run_dir: Path):
+    """One training run inside an open parallel session (see currytrain.components.parallel_session).
+
+    state: this process's place in the job; by default one process on trainer.device.
+    components: the parts to train, built by build_components(cfg, state) when not given.
+    hooks: StepHooks asked after every step whether the run goes on (abort conditions, pruning, probes).
+    """
+
+    def __init__(
+        self, cfg: DictConfig, run_dir: Path, state: ParallelState | None = None, *, components: Components | None = None, hooks: Sequence[StepHook] = ()
+    ):
         self.cfg = cfg.trainer
         self.model_cfg = cfg.model
         self.run_dir = Path(run_dir)
-        self.parallel = build(cfg.parallel)
-        self.state: ParallelState = self.parallel.setup(self.cfg.device)
-        torch.manual_seed(cfg.seed)
-        self.data = build(cfg.data)
-        self.model = self.parallel.apply(build_model(cfg.model), self.state, cfg.model)
-        self.optimizer = build(cfg.optimizer, exclude=["schedule"], model=self.model)
-        self.scheduler = build_scheduler(self.optimizer, cfg.optimizer.schedule, self.cfg.max_steps)
-        self.train_state = TrainState(self.model, self.optimizer, self.scheduler)
+        self.state = state or ParallelState(device=resolve_device(self.cfg.device))  # default: one process, no group
+        parts = components or build_components(cfg, self.state)
+        self.data, self.model, self.optimizer, self.scheduler = parts.data, parts.model, parts.optimizer, parts.scheduler
+        self.autocast_dtype = parts.autocast_dtype
+        self.train_state = TrainState(self.model, self.optimizer, self.scheduler, rank=self.state.rank)
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", self.cfg.keep_last, self.state.is_main)
         self.journal = Journal(self.run_dir / "journal.jsonl", enabled=self.state.is_main)
         self.loggers = build_loggers(cfg.logger, self.run_dir, enabled=self.state.is_main)
         self.loggers.log_config(OmegaConf.to_container(cfg, resolve=True))
-        self.autocast_dtype = PRECISION_DTYPES[self.cfg.precision]
+        self.hooks = list(hooks)
         self.tokens_per_step = self.cfg.batch_size * self.cfg.grad_accum * self.data.seq_len * self.state.dp_size
 
     @property
@@ -60,7 +65,17 @@ class Trainer:
         return self.train_state.step
 
     def train(self) -> float:
-        """Run to trainer.max_steps (resuming first if asked) and return the final val loss."""
+        """Run to trainer.max_steps (resuming first if asked) and return the final val loss.
+
+        Raises RunFailed when the final val loss is not finite, Aborted or Pruned when a hook stops the run;
+        the loggers are closed on every path. The caller journals how the run ended (run_worker).
+        """
+        try:
+            return self._train()
+        finally:
+            self.loggers.close()
+
+    def _train(self) -> float:
         if not self.maybe_resume():
             self.maybe_init_from()
         num_params = sum(p.numel() for p in self.model.parameters())
@@ -73,10 +88,13 @@ class Trainer:
                 progress.update(self.step, metrics["train/loss"], metrics["train/tokens_per_s"])
         val_loss = self.evaluate()
         seconds = time.perf_counter() - started
+        if not math.isfinite(val_loss):
+            raise RunFailed(
+                f"the final val loss is {val_loss} after {self.step} steps: the run diverged. Lower optimizer.lr "
+                "(or raise optimizer.schedule.warmup_steps, set trainer.grad_clip=1.0); the journal's metrics show where it began"
+            )
         self.journal.event("finish", step=self.step, val_loss=val_loss, seconds=round(seconds, 2))
-        self.loggers.close()
         log.info("final val loss %.4f nats/token after %d steps (%.1f s)", val_loss, self.step, seconds)
-        self.parallel.teardown()
         return val_loss
 
     def train_step(self) -> dict[str, float]:
@@ -105,6 +123,7 @@ class Trainer:
             "train/lr": lr,
             "train/tokens_per_s": self.tokens_per_step / seconds,
             "train/step_seconds": seconds,
+            "train/skipped": float(result.skipped),
         }
         # 6. log
         if step % cfg.log_every == 0 or step == cfg.max_steps:
@@ -114,12 +133,31 @@ class Trainer:
             # The journal keeps the curves too, so a run folder is comparable whatever loggers ran.
             self.journal.event("metrics", step=step, **metrics)
         if step % cfg.eval_every == 0 and step != cfg.max_steps:
-            self.evaluate()
+            metrics["val/loss"] = self.evaluate()
         # 7. checkpoint
         if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.max_steps:
             self.save_checkpoint()
-        # 8. abort check: the abort group has only `none` so far.
+        # 8. hooks: abort conditions, sweep pruning, ladder probes
+        self.act_on(decide(self.hooks, step, metrics))
         return metrics
+
+    def act_on(self, decision: Decision) -> None:
+        if decision.action is Action.STOP:
+            raise Aborted(f"step {self.step}: {decision.reason}")
+        if decision.action is Action.PRUNE:
+            raise Pruned(f"step {self.step}: {decision.reason}")
+        if decision.action is Action.ROLLBACK:
+            self.rollback(decision.reason)
+
+    def rollback(self, reason: str) -> None:
+        """Continue from the newest complete checkpoint of this run (an abort condition asked for it)."""
+        path = find_checkpoint(self.run_dir / "checkpoints")
+        if path is None:
+            raise Aborted(f"step {self.step}: {reason}; no complete checkpoint to roll back to (set trainer.checkpoint_every)")
+        from_step = self.step
+        self.checkpointer.load(path, self.train_state)
+        self.journal.event("rollback", step=self.step, from_step=from_step, path=str(path), reason=reason)
+        log.warning("rolled back from step %d to %s: %s", from_step, path, reason)
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -144,16 +182,13 @@ class Trainer:
 
     def maybe_resume(self) -> bool:
         """Load the checkpoint trainer.resume points at; True when the run continues from one."""
-        resume = self.cfg.resume
-        if resume == "none":
-            return False
-        location = self.run_dir if resume == "auto" else Path(resume).expanduser()
-        path = find_checkpoint(location)
+        path = resume_checkpoint(self.cfg.resume, self.run_dir)
         if path is None:
-            if resume == "auto":
-                log.info("trainer.resume=auto: no complete checkpoint in %s, starting fresh", location)
-                return False
-            raise ConfigError(f"trainer.resume={resume} holds no complete checkpoint: pass trainer.resume=auto or a checkpoint folder")
+            if self.cfg.resume == "auto":
+                log.info("trainer.resume=auto: no complete checkpoint in %s, starting fresh", self.run_dir)
+            elif self.cfg.resume != "none":  # validation catches this first; a folder emptied since is caught here
+                raise ConfigError(f"trainer.resume={self.cfg.resume} holds no complete checkpoint: pass trainer.resume=auto or a checkpoint folder")
+            return False
         self.checkpointer.load(path, self.train_state)
         self.journal.event("resume", step=self.step, path=str(path))
         log.info("resumed from %s at step %d", path, self.step)
@@ -163,14 +198,10 @@ class Trainer:
         """Start from the weights trainer.init_from points at (an HF import, a run or a checkpoint)."""
         if self.cfg.init_from == "none":
             return
-        from currytrain.hf.convert import read_model  # reads import folders through safetensors
+        from currytrain.hf.convert import load_weights  # reads import folders through safetensors
 
-        node, state, _ = read_model(self.cfg.init_from)
-        problem = architecture_mismatch(node, self.model_cfg)
-        if problem:  # validation catches this first; a folder changed since is caught here
-            raise ConfigError(f"trainer.init_from={self.cfg.init_from} {problem}")
-        if node.get("tie_embeddings"):
-            state = {**state, "output.weight": state["tok_embeddings.weight"]}
-        self.model.load_state_dict(state, strict=True)
+        # Validation checks the architecture first; a folder changed since is caught here.
+        model_cfg = OmegaConf.to_container(self.model_cfg, resolve=True)
+        load_weights(self.model, self.cfg.init_from, model_cfg, what=f"trainer.init_from={self.cfg.init_from}")
         self.journal.event("init_from", path=str(self.cfg.init_from))
         log.info("initialised the model from %s", self.cfg.init_from)

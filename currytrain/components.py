@@ -1,0 +1,63 @@
+"""build_components: the one way to build the parts of a run (data, model, optimizer, schedule) from a
+composed config. The Trainer, the benchmarks, the tests and the validation ladder all build through it, so
+none of them drifts from what a real run trains.
+
+The process group and device (the parallel session) are not built here: a worker opens one session and may
+build components many times inside it (ladder stages, seeds).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from currytrain.build import allow_modules, build
+from currytrain.model import build_model
+from currytrain.optim.builders import build_scheduler
+from currytrain.parallel.state import ParallelState
+
+PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+
+
+@dataclass
+class Components:
+    """What one training run steps: built the way a run builds it, seeded by cfg.seed."""
+
+    cfg: DictConfig
+    state: ParallelState
+    data: Any
+    model: torch.nn.Module
+    """Moved to state.device and parallelized (TP, AC, compile, FSDP as configured)."""
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        return PRECISION_DTYPES[self.cfg.trainer.precision]
+
+
+def build_components(cfg: DictConfig, state: ParallelState) -> Components:
+    """Data, then the model (seeded by cfg.seed, then parallelized for `state`), then its optimizer and schedule."""
+    allow_modules(cfg.build.allow)
+    torch.manual_seed(cfg.seed)
+    data = build(cfg.data)
+    model = build(cfg.parallel).apply(build_model(cfg.model), state, cfg.model)
+    optimizer = build(cfg.optimizer, exclude=["schedule"], model=model)
+    scheduler = build_scheduler(optimizer, cfg.optimizer.schedule, cfg.trainer.max_steps)
+    return Components(cfg, state, data, model, optimizer, scheduler)
+
+
+@contextlib.contextmanager
+def parallel_session(cfg: DictConfig) -> Iterator[ParallelState]:
+    """This process's place in the job (process groups, mesh, device) for as long as the block runs."""
+    parallel = build(cfg.parallel)
+    state = parallel.setup(cfg.trainer.device)
+    try:
+        yield state
+    finally:
+        parallel.teardown()

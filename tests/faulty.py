@@ -1,0 +1,24 @@
+"""Components that fail on purpose, for tests of how a run ends. Configs reach them with build.allow=[tests] (as tests.faulty)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class CrashingLogger:
+    """A logger whose log_metrics raises at step `fail_at`: a crash in the middle of training."""
+
+    closed: list[str] = []
+
+    def __init__(self, run_dir: str, fail_at: int = 3):
+        self.run_dir, self.fail_at = run_dir, fail_at
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        if step >= self.fail_at:
+            raise RuntimeError(f"logger exploded at step {step}")
+
+    def log_config(self, config: Mapping) -> None:
+        pass
+
+    def close(self) -> None:
+        CrashingLogger.closed.append(self.run_dir)
