@@ -49,9 +49,9 @@ def compose_cfg():
     GlobalHydra.instance().clear()
 
 
-def launch(*overrides: str, tiny: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run `python launch.py ...` in a subprocess, as a user would."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def launch(*overrides: str, tiny: bool = True, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run `python launch.py ...` in a subprocess, as a user would (`env` adds environment variables)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     flags = [arg for arg in overrides if arg.startswith("-")]  # -m etc. must precede the overrides
     overrides = [arg for arg in overrides if not arg.startswith("-")]
     args = [sys.executable, str(ROOT / "launch.py"), *flags, *(TINY if tiny else []), *overrides]

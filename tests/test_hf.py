@@ -25,13 +25,12 @@ pytest.importorskip("huggingface_hub")
 
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from conftest import launch  # noqa: E402
+from conftest import ROOT, launch  # noqa: E402
 from currytrain.errors import ConfigError  # noqa: E402
 from currytrain.hf import export_hf, import_hf, load_model, read_model  # noqa: E402
 from currytrain.hf.convert import SafetensorsReader, write_hf  # noqa: E402
 from currytrain.hf.families import FAMILIES, family_for_model  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 TINY = dict(
     vocab_size=128,
     hidden_size=64,
@@ -322,8 +321,8 @@ def test_unsupported_sources_are_refused(tmp_path, monkeypatch):
 
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
-    full_env.update(PYTHONPATH=str(REPO), **(env or {}))
-    return subprocess.run([sys.executable, "-m", "currytrain.cli", *args], cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+    full_env.update(PYTHONPATH=str(ROOT), **(env or {}))
+    return subprocess.run([sys.executable, "-m", "currytrain.cli", *args], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
 def populate_cache(hub_cache: Path, repo_id: str, files_from: Path) -> None:

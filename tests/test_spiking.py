@@ -5,19 +5,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import launch
 from currytrain.model import build_model
 from currytrain.model.config import SPIKE_SURROGATES
 from currytrain.model.spiking import LIF, SpikingTransformer, lif_scan
 
-ROOT = Path(__file__).resolve().parents[1]
 NEURON_NAMES = ("attn_input", "q", "k", "v", "attn", "mlp_input", "mlp")
 
 
@@ -151,21 +147,10 @@ def test_every_parameter_gets_a_gradient():
         assert param.grad is not None and param.grad.abs().sum() > 0, name
 
 
-def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from currytrain.config import register_configs
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return hydra_compose("config", overrides=overrides)
-
-
-def test_config_builds_the_model_and_validation_names_each_bad_field():
+def test_config_builds_the_model_and_validation_names_each_bad_field(compose_cfg):
     from currytrain.validate import validate
 
-    cfg = compose(["model=spiking"])
+    cfg = compose_cfg("model=spiking", tiny=False)
     assert validate(cfg) == []
     assert isinstance(build_model(cfg.model), SpikingTransformer)
     bad = {
@@ -176,7 +161,7 @@ def test_config_builds_the_model_and_validation_names_each_bad_field():
         "model.surrogate": "relu",
         "model.surrogate_slope": "-1",
     }
-    problems = validate(compose(["model=spiking"] + [f"{key}={value}" for key, value in bad.items()]))
+    problems = validate(compose_cfg("model=spiking", *[f"{key}={value}" for key, value in bad.items()], tiny=False))
     assert len(problems) == len(bad)
     for key, value in bad.items():
         assert any(problem.startswith(f"{key}={value}") and f": pass {key}=" in problem for problem in problems), key
@@ -189,11 +174,9 @@ def test_launch_trains_and_logs_spike_rates(tmp_path):
         "model=spiking trainer.max_steps=30 optimizer.schedule.warmup_steps=3 trainer.eval_every=15 "
         "trainer.eval_batches=4 trainer.batch_size=8 trainer.log_every=1 trainer.progress=false"
     ).split()
-    command = [sys.executable, "launch.py", *overrides, f"hydra.run.dir={run_dir}"]
     # One intra-op thread: on a shared 2-core machine, two OpenMP threads competing with other jobs spin
     # and run >10x slower; one thread keeps this test near 20 s either way (the losses are identical).
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    result = launch(*overrides, f"hydra.run.dir={run_dir}", tiny=False, env={"OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "train/loss" in r]
