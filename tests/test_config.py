@@ -9,6 +9,7 @@ import torch
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from currytrain.benchmark import build_step_setup
 from currytrain.build import build
 from currytrain.config import SCHEMAS
 from currytrain.errors import ConfigError
@@ -60,17 +61,15 @@ def test_compose_and_build_every_option(group, option, compose_cfg, tmp_path):
     tiny = not (group == "model" or group.startswith("model/"))
     cfg = compose_cfg(*_option_overrides(group, option, tmp_path), tiny=tiny)
     assert validate(cfg) == [], validate(cfg)
-    model = build_model(cfg.model)
-    assert isinstance(model, torch.nn.Module)
-    if group == "model/size":
-        assert model.output.out_features == cfg.model.vocab_size
+    if group == "model/size":  # full sizes: the model alone
+        assert build_model(cfg.model).output.out_features == cfg.model.vocab_size
         return
-    data = build(cfg.data)
-    inputs, targets = data.batch("train", 1, 0, 2)
+    parts = build_step_setup(cfg)  # data, model, optimizer and schedule, as a run builds them
+    assert isinstance(parts.model, torch.nn.Module)
+    inputs, targets = parts.data.batch("train", 1, 0, 2)
     assert inputs.shape == targets.shape == (2, cfg.data.seq_len)
     assert int(inputs.max()) < cfg.model.vocab_size
-    optimizer = build(cfg.optimizer, exclude=["schedule"], model=model)
-    assert isinstance(optimizer, torch.optim.Optimizer)
+    assert isinstance(parts.optimizer, torch.optim.Optimizer)
     assert build(cfg.parallel).nproc == 1
     for node in cfg.logger.values():
         logger = build(node, run_dir=str(tmp_path / "run"))

@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from currytrain.build import build
+from currytrain.benchmark import build_step_setup
 from currytrain.errors import ConfigError
 from currytrain.model import build_model
 from currytrain.model.gqa import GQATransformer
-from currytrain.optim.builders import build_adamw, build_scheduler, build_sgd
+from currytrain.optim.builders import build_adamw, build_sgd
 from currytrain.trainer.step import causal_lm_loss
 from currytrain.validate import validate
 
@@ -70,29 +70,29 @@ def test_mup_at_its_base_width_trains_exactly_like_mup_off():
 
 def test_mup_learning_rates_reach_the_optimizer_param_groups(compose_cfg):
     cfg = compose_cfg("model.mup=true", "model.dim=128", "model.mup_base_width=32", "model.n_layers=2", "optimizer.lr=0.01")
-    model = build_model(cfg.model)
-    optimizer = build(cfg.optimizer, exclude=["schedule"], model=model)
+    parts = build_step_setup(cfg)
+    model, optimizer = parts.model, parts.optimizer
     width = 128 / 32
     lr, weight_decay = cfg.optimizer.lr, cfg.optimizer.weight_decay
-    assert [group["lr"] for group in optimizer.param_groups] == pytest.approx([lr, lr, lr / width])
+    # initial_lr: what the optimizer builder set, before the schedule's warmup scales every group alike.
+    assert [group["initial_lr"] for group in optimizer.param_groups] == pytest.approx([lr, lr, lr / width])
     assert [group["weight_decay"] for group in optimizer.param_groups] == pytest.approx([weight_decay, 0.0, weight_decay * width])
     hidden = {id(module.weight) for block in model.layers for module in block.modules() if isinstance(module, torch.nn.Linear)}
     assert {id(p) for p in optimizer.param_groups[2]["params"]} == hidden and len(hidden) == 7 * 2
     base_lr = {id(p) for group in optimizer.param_groups[:2] for p in group["params"]}
     assert {id(model.tok_embeddings.weight), id(model.output.weight), id(model.norm.weight)} <= base_lr
     # The schedule scales every group by the same factor, so the muP ratio holds at every step.
-    scheduler = build_scheduler(optimizer, cfg.optimizer.schedule, total_steps=10)
     for _ in range(3):
         optimizer.step()
-        scheduler.step()
+        parts.scheduler.step()
         group_lrs = [group["lr"] for group in optimizer.param_groups]
         assert group_lrs[2] == pytest.approx(group_lrs[0] / width)
 
 
 def test_mup_off_keeps_the_two_param_groups(compose_cfg):
     cfg = compose_cfg("model.dim=128", "model.mup_base_width=32")
-    optimizer = build(cfg.optimizer, exclude=["schedule"], model=build_model(cfg.model))
-    assert len(optimizer.param_groups) == 2 and all(group["lr"] == cfg.optimizer.lr for group in optimizer.param_groups)
+    optimizer = build_step_setup(cfg).optimizer
+    assert len(optimizer.param_groups) == 2 and all(group["initial_lr"] == cfg.optimizer.lr for group in optimizer.param_groups)
 
 
 def test_mup_scales_logits_attention_and_hidden_init():
@@ -185,9 +185,9 @@ def test_every_decoder_family_implements_mup(family, compose_cfg):
     assert torch.equal(plain_logits, mup_logits)
 
     cfg = compose_cfg(*sizes, "model.dim=128", "model.mlp_hidden=256", "model.mup=true", "model.mup_base_width=32")
-    model = build_model(cfg.model)
-    optimizer = build(cfg.optimizer, exclude=["schedule"], model=model)
-    assert optimizer.param_groups[2]["lr"] == pytest.approx(cfg.optimizer.lr / 4)
+    parts = build_step_setup(cfg)
+    model, optimizer = parts.model, parts.optimizer
+    assert optimizer.param_groups[2]["initial_lr"] == pytest.approx(cfg.optimizer.lr / 4)
     in_blocks = {id(p) for p in model.layers.parameters() if p.dim() >= 2}
     assert {id(p) for p in optimizer.param_groups[2]["params"]} == in_blocks
     assert sum(len(group["params"]) for group in optimizer.param_groups) == len(list(model.parameters()))
