@@ -11,13 +11,14 @@ Jobs raise typed outcomes (currytrain.errors); this entry point alone turns them
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from currytrain.config import register_configs
+from currytrain.config import register_configs, unknown_list_choices
 from currytrain.errors import EXIT_CONFIG_ERROR, ConfigRejected, Outcome
 
 register_configs()
@@ -54,6 +55,9 @@ def exit_code(hydra_code: int | str | None) -> int | str | None:
 
 
 if __name__ == "__main__":
+    if problems := unknown_list_choices(sys.argv[1:], Path(__file__).parent / "conf"):
+        print("\n".join(f"curryTrain: {problem}" for problem in problems), file=sys.stderr)
+        sys.exit(EXIT_CONFIG_ERROR)
     try:
         main()
     except ConfigRejected as rejected:  # validation before Hydra made any folder

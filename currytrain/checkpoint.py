@@ -27,19 +27,21 @@ from currytrain.weights import MARKER, STEP_DIR, complete_checkpoints, is_comple
 
 
 class TrainState(Stateful):
-    """Everything a resumed run needs to continue bit-for-bit: weights, optimizer, schedule, step, and the
-    RNG state of every rank (each rank saves its own under rng.rank_<r>)."""
+    """Everything a resumed run needs to continue bit-for-bit: weights, optimizer, schedule, step, the data
+    offset, and the RNG state of every rank (each rank saves its own under rng.rank_<r>)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, rank: int = 0):
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.rank = rank
         self.step = 0
+        self.data_offset = 0
+        """Added to the step to pick training batches: a rollback moves it past the data the failed steps saw."""
         self.with_rng = True
         """False while loading a checkpoint that has no RNG state for this rank (saved at a smaller world size)."""
 
     def state_dict(self) -> dict[str, Any]:
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_state, "optimizer": optim_state, "scheduler": self.scheduler.state_dict(), "step": self.step}
+        state = {"model": model_state, "optimizer": optim_state, "scheduler": self.scheduler.state_dict(), "step": self.step, "data_offset": self.data_offset}
         if self.with_rng:
             state["rng"] = {f"rank_{self.rank}": torch.get_rng_state()}
         return state
@@ -48,6 +50,7 @@ class TrainState(Stateful):
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
+        self.data_offset = int(state["data_offset"])
         if "rng" in state:
             torch.set_rng_state(state["rng"][f"rank_{self.rank}"])
 

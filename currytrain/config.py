@@ -7,12 +7,13 @@ Every group option in conf/ is a YAML file whose defaults list names one schema 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from currytrain.abort.config import NoAbortConfig
+from currytrain.abort.config import AbortConfig, NoAbortConfig
 from currytrain.check.config import NoCheckConfig
 from currytrain.data.config import StdlibBytesConfig, SyntheticConfig, TextConfig
 from currytrain.logger.config import JsonlConfig, TensorBoardConfig
@@ -31,7 +32,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "logger": {"tensorboard": TensorBoardConfig, "jsonl": JsonlConfig},
     "check": {"none": NoCheckConfig},
     "sweep": {"none": NoSweepConfig},
-    "abort": {"none": NoAbortConfig},
+    "abort": {"none": NoAbortConfig, "default": AbortConfig, "strict": AbortConfig},
 }
 
 
@@ -66,3 +67,28 @@ def register_configs() -> None:
         for name, schema in options.items():
             # Stored outside the option's own group so `Available options in 'model'` lists only real options.
             cs.store(group=f"schema/{group}", name=name, node=schema)
+
+
+def unknown_list_choices(args: list[str], conf_dir: Path) -> list[str]:
+    """Hydra lists the options of a group when one chosen option does not exist (`model=nope`), but not
+    for a list of options (`logger=[tensorboard,nope]`): the problems of such overrides, with the options."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        overrides = OverridesParser.create().parse_overrides([arg for arg in args if "=" in arg and not arg.startswith("-")])
+    except HydraException:
+        return []  # Hydra reports malformed overrides itself
+    problems = []
+    for override in overrides:
+        group = conf_dir / override.key_or_group
+        value = override.value()
+        if not group.is_dir() or not isinstance(value, list):
+            continue
+        options = sorted(path.stem for path in group.glob("*.yaml"))
+        for name in value:
+            if name not in options:
+                problems.append(
+                    f"{override.key_or_group}={override.input_line.split('=', 1)[1]}: {override.key_or_group} has no option '{name}': choose from {options}"
+                )
+    return problems

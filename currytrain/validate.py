@@ -129,11 +129,19 @@ def _check_run_dir(cfg: DictConfig, run_dir: str | None) -> list[str]:
     return [f"trainer.resume={resume} ({checkpoint}) {problem}"] if problem else []
 
 
+def _check_rollback(cfg: DictConfig) -> list[str]:
+    if cfg.abort.get("action") == "rollback" and cfg.trainer.checkpoint_every < 1:
+        return [
+            "abort.action=rollback restores the last good checkpoint, but trainer.checkpoint_every=0 saves only at the end: pass trainer.checkpoint_every=<steps>, or abort.action=stop"
+        ]
+    return []
+
+
 def _check_loggers(cfg: DictConfig) -> list[str]:
     return [] if cfg.logger else ["logger is empty: pass logger=[tensorboard,jsonl] (or at least one logger)"]
 
 
-CROSS_GROUP_CHECKS = (_check_model_and_data, _check_schedule, _check_init_from, _check_loggers)
+CROSS_GROUP_CHECKS = (_check_model_and_data, _check_schedule, _check_init_from, _check_rollback, _check_loggers)
 
 
 def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:

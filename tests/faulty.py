@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from currytrain.model.gqa import GQATransformer
+
 
 class CrashingLogger:
     """A logger whose log_metrics raises at step `fail_at`: a crash in the middle of training."""
@@ -22,3 +24,19 @@ class CrashingLogger:
 
     def close(self) -> None:
         CrashingLogger.closed.append(self.run_dir)
+
+
+class PoisonedGQA(GQATransformer):
+    """A GQA decoder whose `poison_at`-th training forward pass returns NaN logits: one bad batch mid-run."""
+
+    def __init__(self, *args, poison_at: int = 3, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.poison_at, self.calls = poison_at, 0
+
+    def forward(self, tokens):
+        logits = super().forward(tokens)
+        if self.training:
+            self.calls += 1
+            if self.calls == self.poison_at:
+                return logits * float("nan")
+        return logits

@@ -44,6 +44,11 @@ BAD_CONFIGS = [
     (["+optimizer.lrr=0.1"], ["optimizer.lrr is not a field of AdamWConfig", "did you mean optimizer.lr?"]),
     (["+model.dimm=64"], ["model.dimm is not a field of GQAConfig", "did you mean model.dim?"]),
     (["+seeed=1"], ["seeed is not a field of RootConfig", "did you mean seed?"]),
+    (["abort.metric=val/acc"], ["abort.metric=val/acc is not one of ['val/loss', 'train/loss']"]),
+    (["abort.window=-1"], ["abort.window=-1 must be >= 2"]),
+    (["abort=strict"], ["abort.action=rollback restores the last good checkpoint", "trainer.checkpoint_every=<steps>"]),
+    (["abort.rollback_lr_scale=2"], ["abort.rollback_lr_scale=2.0 must be in (0, 1]"]),
+    (["logger=[tensorboard,nope]"], ["logger has no option 'nope': choose from ['jsonl', 'tensorboard']"]),
 ]
 
 

@@ -14,6 +14,7 @@ from currytrain.build import build
 from currytrain.config import SCHEMAS
 from currytrain.errors import ConfigError
 from currytrain.model import build_model
+from currytrain.trainer.hooks import StepHook
 from currytrain.validate import validate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +48,8 @@ def _option_overrides(group: str, option: str, tmp_path: Path) -> list[str]:
     overrides = [f"{group}={option}"]
     if group == "experiment":
         return overrides
+    if (group, option) == ("abort", "strict"):  # rollback needs checkpoints to go back to
+        overrides.append("trainer.checkpoint_every=2")
     if (group, option) == ("data", "text"):
         text = tmp_path / "corpus"
         text.mkdir()
@@ -75,8 +78,9 @@ def test_compose_and_build_every_option(group, option, compose_cfg, tmp_path):
         logger = build(node, run_dir=str(tmp_path / "run"))
         logger.log_metrics({"x": 1.0}, step=1)
         logger.close()
-    for none_group in ("check", "sweep", "abort"):
+    for none_group in ("check", "sweep"):
         assert build(cfg[none_group]) is None
+    assert isinstance(build(cfg.abort), StepHook) if cfg.abort._target_ else build(cfg.abort) is None
 
 
 def test_model_sizes_match_the_issue(compose_cfg):

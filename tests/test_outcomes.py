@@ -41,7 +41,7 @@ def test_a_crash_is_journaled_with_its_traceback_and_exits_1(tmp_path):
 
 def test_a_final_val_loss_that_is_not_finite_fails_the_run(tmp_path):
     run_dir = tmp_path / "run"
-    result = launch("model.init_std=1e38", f"hydra.run.dir={run_dir}")
+    result = launch("model.init_std=1e38", "abort=none", f"hydra.run.dir={run_dir}")
     assert result.returncode == 1, result.stderr[-3000:]
     assert "the final val loss is nan" in result.stderr
     assert "Traceback" not in result.stderr and "HYDRA_FULL_ERROR" not in result.stderr

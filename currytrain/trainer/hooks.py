@@ -17,7 +17,8 @@ class Action(enum.Enum):
     STOP = "stop"
     """End the run now: the trainer raises Aborted (exit code 4) with the reason."""
     ROLLBACK = "rollback"
-    """Restore the newest complete checkpoint and go on from there."""
+    """Restore the newest complete checkpoint and go on from there with fresh data (the batches the failed
+    steps saw are skipped)."""
     PRUNE = "prune"
     """The sweep's pruner ends this trial: the trainer raises Pruned."""
 
@@ -26,6 +27,8 @@ class Action(enum.Enum):
 class Decision:
     action: Action = Action.CONTINUE
     reason: str = ""
+    lr_scale: float = 1.0
+    """ROLLBACK only: multiply every learning rate by this once restored."""
 
 
 CONTINUE = Decision()

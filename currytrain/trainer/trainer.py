@@ -102,7 +102,8 @@ class Trainer:
         step, cfg = self.step, self.cfg
         tic = time.perf_counter()
         # 1. forward/backward over the microbatches, 2. clip, 3. finiteness check, 4. optimizer step
-        microbatches = [self.data.batch("train", step, micro, cfg.batch_size, rank=self.state.dp_rank) for micro in range(cfg.grad_accum)]
+        data_step = step + self.train_state.data_offset  # past the batches of rolled-back steps
+        microbatches = [self.data.batch("train", data_step, micro, cfg.batch_size, rank=self.state.dp_rank) for micro in range(cfg.grad_accum)]
         result = run_accumulated_step(
             self.model,
             self.optimizer,
@@ -124,6 +125,7 @@ class Trainer:
             "train/tokens_per_s": self.tokens_per_step / seconds,
             "train/step_seconds": seconds,
             "train/skipped": float(result.skipped),
+            "train/tokens": float(self.tokens_per_step),
         }
         # 6. log
         if step % cfg.log_every == 0 or step == cfg.max_steps:
@@ -147,16 +149,23 @@ class Trainer:
         if decision.action is Action.PRUNE:
             raise Pruned(f"step {self.step}: {decision.reason}")
         if decision.action is Action.ROLLBACK:
-            self.rollback(decision.reason)
+            self.rollback(decision.reason, decision.lr_scale)
 
-    def rollback(self, reason: str) -> None:
-        """Continue from the newest complete checkpoint of this run (an abort condition asked for it)."""
+    def rollback(self, reason: str, lr_scale: float = 1.0) -> None:
+        """Continue from the newest complete checkpoint of this run (an abort condition asked for it), on
+        data the failed steps did not see, with every learning rate scaled by lr_scale."""
         path = find_checkpoint(self.run_dir / "checkpoints")
         if path is None:
             raise Aborted(f"step {self.step}: {reason}; no complete checkpoint to roll back to (set trainer.checkpoint_every)")
         from_step = self.step
         self.checkpointer.load(path, self.train_state)
-        self.journal.event("rollback", step=self.step, from_step=from_step, path=str(path), reason=reason)
+        self.train_state.data_offset += from_step - self.step
+        if lr_scale != 1.0:  # the schedule multiplies base_lrs, so that is where the scale must go
+            self.scheduler.base_lrs = [lr * lr_scale for lr in self.scheduler.base_lrs]
+            for group in self.optimizer.param_groups:
+                group["lr"] *= lr_scale
+        fields = {"from_step": from_step, "path": str(path), "reason": reason, "data_offset": self.train_state.data_offset, "lr_scale": lr_scale}
+        self.journal.event("rollback", step=self.step, **fields)
         log.warning("rolled back from step %d to %s: %s", from_step, path, reason)
 
     @torch.no_grad()
