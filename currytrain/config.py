@@ -16,7 +16,7 @@ from omegaconf import MISSING
 from currytrain.abort.config import AbortConfig, NoAbortConfig
 from currytrain.check.config import NoCheckConfig
 from currytrain.data.config import StdlibBytesConfig, SyntheticConfig, TextConfig
-from currytrain.logger.config import JsonlConfig, TensorBoardConfig
+from currytrain.logger.config import JsonlConfig, MLflowConfig, TensorBoardConfig, WandbConfig
 from currytrain.model.config import GQAConfig, MoEConfig, SpikingConfig
 from currytrain.optim.config import AdamWConfig, SGDConfig
 from currytrain.parallel.config import SingleConfig
@@ -29,7 +29,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "data": {"bytes": StdlibBytesConfig, "text": TextConfig, "synthetic": SyntheticConfig},
     "parallel": {"single": SingleConfig},
     "optimizer": {"adamw": AdamWConfig, "sgd": SGDConfig},
-    "logger": {"tensorboard": TensorBoardConfig, "jsonl": JsonlConfig},
+    "logger": {"tensorboard": TensorBoardConfig, "jsonl": JsonlConfig, "mlflow": MLflowConfig, "wandb": WandbConfig},
     "check": {"none": NoCheckConfig},
     "sweep": {"none": NoSweepConfig},
     "abort": {"none": NoAbortConfig, "default": AbortConfig, "strict": AbortConfig},

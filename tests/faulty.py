@@ -22,8 +22,14 @@ class CrashingLogger:
     def log_config(self, config: Mapping) -> None:
         pass
 
-    def close(self) -> None:
-        CrashingLogger.closed.append(self.run_dir)
+    def log_text(self, name: str, text: str, step: int = 0) -> None:
+        pass
+
+    def log_histogram(self, name, values, step: int) -> None:
+        pass
+
+    def close(self, status: str = "finished") -> None:
+        CrashingLogger.closed.append((self.run_dir, status))
 
 
 class PoisonedGQA(GQATransformer):

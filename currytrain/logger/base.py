@@ -1,8 +1,12 @@
-"""The logger protocol the trainer talks to, and a fan-out over several backends."""
+"""The logger protocol the trainer talks to, and a fan-out over several backends.
+
+Every backend takes scalars, the resolved config and text; histograms go to the backends that can show
+them (TensorBoard, W&B) and the others ignore them. Only rank 0 builds loggers.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 
@@ -14,7 +18,13 @@ class Logger(Protocol):
 
     def log_config(self, config: Mapping) -> None: ...
 
-    def close(self) -> None: ...
+    def log_text(self, name: str, text: str, step: int = 0) -> None: ...
+
+    def log_histogram(self, name: str, values: Sequence[float], step: int) -> None: ...
+
+    def close(self, status: str = "finished") -> None:
+        """status: finished, or failed when the run ended any other way."""
+        ...
 
 
 class MultiLogger:
@@ -31,6 +41,14 @@ class MultiLogger:
         for logger in self.loggers:
             logger.log_config(config)
 
-    def close(self) -> None:
+    def log_text(self, name: str, text: str, step: int = 0) -> None:
         for logger in self.loggers:
-            logger.close()
+            logger.log_text(name, text, step)
+
+    def log_histogram(self, name: str, values: Sequence[float], step: int) -> None:
+        for logger in self.loggers:
+            logger.log_histogram(name, values, step)
+
+    def close(self, status: str = "finished") -> None:
+        for logger in self.loggers:
+            logger.close(status)

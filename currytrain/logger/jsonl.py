@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
@@ -19,5 +19,11 @@ class JsonlLogger:
     def log_config(self, config: Mapping) -> None:
         pass  # the journal header and resolved.yaml already hold the config
 
-    def close(self) -> None:
+    def log_text(self, name: str, text: str, step: int = 0) -> None:
+        self.file.write(json.dumps({"step": step, "text": name, "value": text}) + "\n")
+
+    def log_histogram(self, name: str, values: Sequence[float], step: int) -> None:
+        pass  # a histogram is not a scalar curve; TensorBoard and W&B show them
+
+    def close(self, status: str = "finished") -> None:
         self.file.close()

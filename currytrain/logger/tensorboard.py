@@ -1,9 +1,9 @@
-"""TensorBoard backend: scalars per step, the resolved config as text."""
+"""TensorBoard backend: scalars, histograms and text per step, the resolved config as text."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
@@ -20,6 +20,18 @@ class TensorBoardLogger:
 
     def log_config(self, config: Mapping) -> None:
         self.writer.add_text("config", "```\n" + json.dumps(dict(config), indent=2, default=str) + "\n```")
+        journal = self.log_dir.parent / "journal.jsonl"
+        if journal.is_file():  # the reproducibility header: git SHA, dirty flag, versions, host
+            with journal.open() as file:
+                self.writer.add_text("journal_header", "```\n" + json.dumps(json.loads(file.readline()), indent=2) + "\n```")
 
-    def close(self) -> None:
+    def log_text(self, name: str, text: str, step: int = 0) -> None:
+        self.writer.add_text(name, text, global_step=step)
+
+    def log_histogram(self, name: str, values: Sequence[float], step: int) -> None:
+        import numpy as np
+
+        self.writer.add_histogram(name, np.asarray(values, dtype=np.float64), global_step=step)
+
+    def close(self, status: str = "finished") -> None:
         self.writer.close()

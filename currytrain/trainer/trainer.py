@@ -70,10 +70,13 @@ class Trainer:
         Raises RunFailed when the final val loss is not finite, Aborted or Pruned when a hook stops the run;
         the loggers are closed on every path. The caller journals how the run ended (run_worker).
         """
+        status = "failed"
         try:
-            return self._train()
+            val_loss = self._train()
+            status = "finished"
+            return val_loss
         finally:
-            self.loggers.close()
+            self.loggers.close(status)
 
     def _train(self) -> float:
         if not self.maybe_resume():

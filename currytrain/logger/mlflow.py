@@ -1,0 +1,64 @@
+"""MLflow backend (logger=mlflow, `pip install currytrain[mlflow]`): metrics, params, tags and text in an
+MLflow tracking store. By default a SQLite store beside the run folder (<run>/../mlflow.db: one database
+per day folder or per sweep), since MLflow 3 refuses its plain file store; any tracking URI by override."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from currytrain.journal import flatten
+
+MAX_PARAM_CHARS = 6000
+"""MLflow's limit on a param value's length (longer values are cut)."""
+STATUSES = {"finished": "FINISHED", "failed": "FAILED"}
+
+
+class MLflowLogger:
+    def __init__(self, run_dir: str, tracking_uri: str = "", experiment: str = "currytrain", run_name: str = ""):
+        from mlflow.tracking import MlflowClient  # optional extra, imported only when chosen
+
+        self.run_dir = Path(run_dir)
+        self.tracking_uri = tracking_uri or f"sqlite:///{self.run_dir.resolve().parent / 'mlflow.db'}"
+        self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        found = self.client.get_experiment_by_name(experiment)
+        experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+        tags = {"currytrain.run_dir": str(self.run_dir.resolve()), **_journal_tags(self.run_dir)}
+        self.run_id = self.client.create_run(experiment_id, run_name=run_name or self.run_dir.name, tags=tags).info.run_id
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        stamp = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(name, float(value), stamp, step) for name, value in metrics.items()])
+
+    def log_config(self, config: Mapping) -> None:
+        from mlflow.entities import Param
+
+        params = [Param(key, json.dumps(value, default=str)[:MAX_PARAM_CHARS]) for key, value in flatten(dict(config)).items()]
+        for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+            self.client.log_batch(self.run_id, params=params[start : start + 100])
+
+    def log_text(self, name: str, text: str, step: int = 0) -> None:
+        self.client.log_text(self.run_id, text, f"{name.replace('/', '_')}_{step}.txt")
+
+    def log_histogram(self, name: str, values: Sequence[float], step: int) -> None:
+        pass  # MLflow has no histogram view
+
+    def close(self, status: str = "finished") -> None:
+        self.client.set_terminated(self.run_id, status=STATUSES.get(status, "FAILED"))
+
+
+def _journal_tags(run_dir: Path) -> dict[str, str]:
+    """The journal header's reproducibility facts (git SHA, dirty flag, seed, host, versions) as tags."""
+    journal = run_dir / "journal.jsonl"
+    if not journal.is_file():
+        return {}
+    with journal.open() as file:
+        header = json.loads(file.readline() or "{}")
+    keys = ("seed", "git_sha", "git_dirty", "host", "world_size")
+    tags = {f"currytrain.{key}": str(header.get(key)) for key in keys if key in header}
+    tags.update({f"currytrain.version.{name}": str(version) for name, version in header.get("versions", {}).items()})
+    return tags
