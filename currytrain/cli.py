@@ -2,6 +2,9 @@
 
     currytrain hf import SRC [--out DIR]     a Hugging Face checkpoint (folder or Hub id) -> curryTrain folder
     currytrain hf export RUN OUTDIR          a curryTrain run or import folder -> Hugging Face folder
+    currytrain journal RUN                   a run's journal as a timeline
+    currytrain compare RUN_OR_SWEEP [...]    runs grouped by config, seed-noise-aware verdicts, report.md
+    currytrain diagnose RUN [--json]         what went wrong, and the fix
 
 Each subcommand imports its machinery only when it runs, so `currytrain --help` stays instant.
 A typed outcome (currytrain.errors) prints one message and exits with its code: 2 for a user error.
@@ -10,10 +13,13 @@ A typed outcome (currytrain.errors) prints one message and exits with its code: 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
+import time
+from pathlib import Path
 
-from currytrain.errors import Outcome
+from currytrain.errors import ConfigError, Outcome
 
 
 def _hf_import(args: argparse.Namespace) -> None:
@@ -49,10 +55,71 @@ def _add_hf(commands: argparse._SubParsersAction) -> None:
     save.set_defaults(handler=_hf_export)
 
 
+def _journal(args: argparse.Namespace) -> None:
+    from currytrain.journal import read_journal, timeline
+    from currytrain.report.runs import JOURNAL
+
+    path = Path(args.run).expanduser()
+    path = path / JOURNAL if path.is_dir() else path
+    if not path.is_file():
+        raise ConfigError(f"{args.run} has no {JOURNAL}: pass a run folder or its journal file")
+    print("\n".join(timeline(read_journal(path))))
+
+
+def _compare(args: argparse.Namespace) -> None:
+    from currytrain.report.compare import compare
+
+    first = Path(args.runs[0]).expanduser()
+    out = Path(args.out) if args.out else (first if len(args.runs) == 1 and first.is_dir() else Path("runs/compare") / time.strftime("%Y-%m-%d_%H-%M-%S"))
+    groups, verdicts, report = compare(args.runs, out)
+    for group in groups:
+        spread = f" ± {group.std:.4f}" if len(group.values) >= 2 else ""
+        print(f"{group.name}: {len(group.runs)} run(s), final val loss {group.mean:.4f}{spread}")
+    for verdict in verdicts:
+        print(f"  -> {verdict.text}")
+    print(f"report: {report}")
+
+
+def _diagnose(args: argparse.Namespace) -> None:
+    from currytrain.report.diagnose import diagnose, find_first_nan_module
+
+    if not (Path(args.run).expanduser() / "journal.jsonl").is_file():
+        raise ConfigError(f"{args.run} is not a run folder (no journal.jsonl): pass the run folder to diagnose")
+    findings = diagnose(args.run)
+    nan = next((f for f in findings if f.cause == "nan"), None)
+    if args.anomaly and nan is not None:
+        located = find_first_nan_module(args.run, max_steps=nan.step or 1)
+        if located:
+            nan.summary += f"; re-run with forward hooks: module `{located[1]}` gave the first non-finite output, at step {located[0]}"
+    if args.json:
+        print(json.dumps([finding.as_dict() for finding in findings], indent=2))
+        return
+    for finding in findings:
+        print(f"{finding.cause}: {finding.summary}\n  fix: {finding.fix}")
+
+
+def _add_runs(commands: argparse._SubParsersAction) -> None:
+    journal = commands.add_parser("journal", help="print a run's journal as a readable timeline")
+    journal.add_argument("run", help="a run folder (or its journal.jsonl)")
+    journal.set_defaults(handler=_journal)
+
+    compare = commands.add_parser("compare", help="compare runs, seeds and sweeps with a seed-noise-aware verdict")
+    compare.add_argument("runs", nargs="+", help="run folders, multirun folders or sweep folders")
+    compare.add_argument("--out", default=None, help="folder for report.md and curves.png (default: the one folder given, else runs/compare/<time>)")
+    compare.set_defaults(handler=_compare)
+
+    diagnose = commands.add_parser("diagnose", help="name what went wrong in a run, and the fix")
+    diagnose.add_argument("run", help="a run folder")
+    diagnose.add_argument("--json", action="store_true", help="print the findings as JSON")
+    diagnose.add_argument("--anomaly", action="store_true", help="for a NaN: re-run to the first bad step with hooks and name the module")
+    diagnose.set_defaults(handler=_diagnose)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="currytrain", description="curryTrain actions besides training (python launch.py trains).")
     commands = parser.add_subparsers(dest="command", required=True)
     _add_hf(commands)
+    _add_runs(commands)
     return parser
 
 

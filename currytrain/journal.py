@@ -112,4 +112,57 @@ class Journal:
 
 
 def read_journal(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """Every record of a journal. A last line cut short (a process killed mid-write) is left out."""
+    records = []
+    lines = Path(path).read_text().splitlines()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number != len(lines):
+                raise
+    return records
+
+
+def timeline(records: list[dict]) -> list[str]:
+    """A readable account of a journal: one line per event, runs of `metrics` folded into one line."""
+    lines: list[str] = []
+    start = None
+    metrics: list[dict] = []
+
+    def flush() -> None:
+        if metrics:
+            first, last = metrics[0], metrics[-1]
+            lines.append(
+                f"{'':>9}  metrics   steps {first['step']}-{last['step']} ({len(metrics)} records), train loss {first.get('train/loss', float('nan')):.4f} -> {last.get('train/loss', float('nan')):.4f}"
+            )
+            metrics.clear()
+
+    for record in records:
+        kind = record.get("type", "?")
+        if kind == "metrics":
+            metrics.append(record)
+            continue
+        flush()
+        when = dt.datetime.fromisoformat(record["time"]) if "time" in record else None
+        if kind in ("header", "launch"):
+            start = when
+            git = f"git {str(record.get('git_sha'))[:10]}{' (dirty)' if record.get('git_dirty') else ''}"
+            lines.append(
+                f"{record['time'][:19]}  {kind:<9} seed {record.get('seed')}, {git}, world {record.get('world_size')}, overrides {record.get('overrides')}"
+            )
+            continue
+        offset = f"+{(when - start).total_seconds():.1f}s" if when and start else ""
+        details = ", ".join(f"{key} {_short(value)}" for key, value in record.items() if key not in ("type", "time", "traceback"))
+        lines.append(f"{offset:>9}  {kind:<9} {details}")
+    flush()
+    return lines
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    text = str(value)
+    return text if len(text) <= 120 else text[:117] + "..."

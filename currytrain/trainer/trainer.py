@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,6 +27,9 @@ from currytrain.trainer.step import causal_lm_loss, run_accumulated_step
 from currytrain.weights import find_checkpoint, resume_checkpoint
 
 log = logging.getLogger(__name__)
+
+# A step skipped for non-finite gradients still steps the schedule (the journal records the skip).
+warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
 
 
 def build_loggers(logger_cfg: DictConfig, run_dir: Path, enabled: bool) -> MultiLogger:

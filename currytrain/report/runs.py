@@ -1,0 +1,79 @@
+"""A run folder as data: its config, its journal, its curves and how it ended. Torch-free."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from currytrain.errors import ConfigError
+from currytrain.journal import flatten, read_journal
+from currytrain.weights import RESOLVED
+
+JOURNAL = "journal.jsonl"
+SEED_KEYS = ("seed", "data.seed")
+"""Config keys that differ between seeds of one experiment (data.seed follows seed)."""
+IRRELEVANT_PREFIXES = ("logger.", "trainer.resume", "trainer.progress", "trainer.init_from", "build.")
+"""Config keys that do not change what a run computes."""
+
+
+@dataclass
+class Run:
+    path: Path
+    config: dict[str, Any]
+    """The resolved config, flattened (a.b.c -> value)."""
+    records: list[dict] = field(repr=False)
+
+    @property
+    def events(self) -> list[dict]:
+        return [r for r in self.records if r.get("type") not in ("header", "launch")]
+
+    def last(self, kind: str) -> dict | None:
+        return next((r for r in reversed(self.records) if r.get("type") == kind), None)
+
+    @property
+    def ending(self) -> str:
+        """finish, config_error, abort, pruned, failure, or running/killed when no ending was journaled."""
+        for record in reversed(self.records):
+            if record.get("type") in ("finish", "config_error", "abort", "pruned", "failure"):
+                return record["type"]
+        return "unfinished"
+
+    @property
+    def final_val_loss(self) -> float:
+        finish = self.last("finish")
+        return float(finish["val_loss"]) if finish else math.nan
+
+    def curve(self, name: str) -> tuple[list[int], list[float]]:
+        points = [(r["step"], r[name]) for r in self.records if r.get("type") == "metrics" and name in r]
+        return [s for s, _ in points], [v for _, v in points]
+
+    def evals(self) -> tuple[list[int], list[float]]:
+        points = [(r["step"], r["val_loss"]) for r in self.records if r.get("type") == "eval"]
+        return [s for s, _ in points], [v for _, v in points]
+
+    def experiment_key(self) -> tuple:
+        """What the run computes, seeds aside: runs with the same key are seeds of one experiment."""
+        return tuple(sorted((k, str(v)) for k, v in self.config.items() if k not in SEED_KEYS and not k.startswith(IRRELEVANT_PREFIXES)))
+
+
+def load_run(path: Path) -> Run:
+    path = Path(path)
+    config = OmegaConf.to_container(OmegaConf.load(path / RESOLVED), resolve=True) if (path / RESOLVED).is_file() else {}
+    return Run(path, flatten(config), read_journal(path / JOURNAL))
+
+
+def find_runs(location: str | Path) -> list[Run]:
+    """The run folder at `location`, or every run folder below it (a multirun or sweep folder), in path order."""
+    location = Path(location).expanduser()
+    if (location / JOURNAL).is_file():
+        return [load_run(location)]
+    if not location.is_dir():
+        raise ConfigError(f"{location} does not exist: pass a run folder (with {JOURNAL}) or a multirun/sweep folder")
+    runs = [load_run(journal.parent) for journal in sorted(location.rglob(JOURNAL))]
+    if not runs:
+        raise ConfigError(f"{location} holds no run folder (no {JOURNAL} below it): pass a run, multirun or sweep folder")
+    return runs
