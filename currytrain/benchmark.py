@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig
 
 from currytrain.components import Components, build_components
@@ -57,3 +58,102 @@ def alternating_step_times(steps: dict[str, Callable[[int], Any]], *, rounds: in
                 if index >= warmup:
                     times[name].append(time.perf_counter() - tic)
     return times
+
+
+def matmul_roofline(size: int, dtype: torch.dtype, device: torch.device, repeats: int = 10) -> float:
+    """FLOP/s of a square matmul of `size` in `dtype` on `device`: what this machine's matmuls reach at best."""
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    times = []
+    for _ in range(repeats + 2):
+        _synchronize(device)
+        tic = time.perf_counter()
+        a @ b
+        _synchronize(device)
+        times.append(time.perf_counter() - tic)
+    return 2 * size**3 / min(times[2:])
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def model_flops_per_token(model: torch.nn.Module, n_layers: int, dim: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6 x non-embedding parameters (forward 2, backward 4) plus attention's
+    12 x layers x dim x seq (scores and weighted sum, forward and backward)."""
+    embedding = getattr(model, "tok_embeddings", None)
+    params = sum(p.numel() for p in model.parameters()) - (embedding.weight.numel() if embedding is not None else 0)
+    return 6 * params + 12 * n_layers * dim * seq_len
+
+
+def _peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # the process's peak RSS (KiB on Linux)
+
+
+def _split_step(parts: Components, microbatches: list) -> dict[str, float]:
+    """Seconds of forward, backward and optimizer (clip + step) of one step, each synchronized."""
+    device, split = parts.state.device, {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+    autocast = parts.autocast_dtype
+    for inputs, targets in microbatches:
+        inputs, targets = inputs.to(device), targets.to(device)
+        tic = time.perf_counter()
+        with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+            loss = causal_lm_loss(parts.model(inputs), targets) / len(microbatches)
+        _synchronize(device)
+        split["forward"] += time.perf_counter() - tic
+        tic = time.perf_counter()
+        loss.backward()
+        _synchronize(device)
+        split["backward"] += time.perf_counter() - tic
+    tic = time.perf_counter()
+    torch.nn.utils.clip_grad_norm_(parts.model.parameters(), parts.cfg.trainer.grad_clip or float("inf"))
+    parts.optimizer.step()
+    parts.optimizer.zero_grad(set_to_none=True)
+    _synchronize(device)
+    split["optimizer"] = time.perf_counter() - tic
+    return split
+
+
+def step_benchmark(cfg: DictConfig, steps: int = 20, warmup: int = 3) -> dict[str, Any]:
+    """Time `steps` optimizer steps of the run `cfg` describes (run_accumulated_step, after `warmup` untimed
+    ones), then a few instrumented steps for the forward/backward/optimizer split. Seeded by cfg.seed."""
+    import statistics
+
+    parts = build_step_setup(cfg)
+    trainer, device = cfg.trainer, parts.state.device
+    batches = [[parts.data.batch("train", step, m, trainer.batch_size) for m in range(trainer.grad_accum)] for step in range(warmup + steps)]
+    times = []
+    for index, microbatches in enumerate(batches):
+        _synchronize(device)
+        tic = time.perf_counter()
+        run_accumulated_step(parts.model, parts.optimizer, microbatches, grad_clip=trainer.grad_clip, autocast_dtype=parts.autocast_dtype)
+        _synchronize(device)
+        if index >= warmup:
+            times.append(time.perf_counter() - tic)
+    splits = [_split_step(parts, batches[index % len(batches)]) for index in range(3)]
+    tokens = trainer.batch_size * trainer.grad_accum * cfg.data.seq_len
+    median = statistics.median(times)
+    flops_per_token = model_flops_per_token(parts.model, cfg.model.n_layers, cfg.model.dim, cfg.data.seq_len)
+    dtype = parts.autocast_dtype or torch.float32
+    roofline = matmul_roofline(max(256, min(2048, 4 * cfg.model.dim)), dtype, device)
+    return {
+        "config": {"model": cfg.model._target_, "dim": cfg.model.dim, "n_layers": cfg.model.n_layers, "seq_len": cfg.data.seq_len},
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+        "steps": steps,
+        "tokens_per_step": tokens,
+        "step_seconds": {"median": median, "min": min(times), "max": max(times)},
+        "tokens_per_s": tokens / median,
+        "model_flops_per_token": flops_per_token,
+        "achieved_flops_per_s": flops_per_token * tokens / median,
+        "roofline_flops_per_s": roofline,
+        "mfu": flops_per_token * tokens / median / roofline,
+        "peak_memory_bytes": _peak_memory_bytes(device),
+        "split_seconds": {name: statistics.median(split[name] for split in splits) for name in ("forward", "backward", "optimizer")},
+    }

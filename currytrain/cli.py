@@ -5,6 +5,7 @@
     currytrain journal RUN                   a run's journal as a timeline
     currytrain compare RUN_OR_SWEEP [...]    runs grouped by config, seed-noise-aware verdicts, report.md
     currytrain diagnose RUN [--json]         what went wrong, and the fix
+    currytrain bench [overrides] [--json]    tokens/s, MFU and the step's split for a config
 
 Each subcommand imports its machinery only when it runs, so `currytrain --help` stays instant.
 A typed outcome (currytrain.errors) prints one message and exits with its code: 2 for a user error.
@@ -98,7 +99,35 @@ def _diagnose(args: argparse.Namespace) -> None:
         print(f"{finding.cause}: {finding.summary}\n  fix: {finding.fix}")
 
 
+def _bench(args: argparse.Namespace) -> None:
+    from currytrain.benchmark import compose_config, step_benchmark
+    from currytrain.validate import raise_on_problems, validate
+
+    cfg = compose_config(args.overrides)
+    raise_on_problems(validate(cfg))
+    result = step_benchmark(cfg, steps=args.steps, warmup=args.warmup)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    step, split = result["step_seconds"], result["split_seconds"]
+    print(
+        f"{result['config']['model']} dim {result['config']['dim']} x {result['config']['n_layers']} layers, seq {result['config']['seq_len']}, {result['dtype']} on {result['device']} ({result['threads']} threads)"
+    )
+    print(f"step: median {step['median'] * 1e3:.1f} ms (min {step['min'] * 1e3:.1f}, max {step['max'] * 1e3:.1f}) over {result['steps']} steps")
+    print(f"tokens/s: {result['tokens_per_s']:,.0f}   model FLOPs/token: {result['model_flops_per_token']:,.0f}")
+    print(f"MFU: {result['mfu']:.1%} of a {result['roofline_flops_per_s'] / 1e9:,.0f} GFLOP/s matmul roofline measured now")
+    print(f"split: forward {split['forward'] * 1e3:.1f} ms, backward {split['backward'] * 1e3:.1f} ms, optimizer {split['optimizer'] * 1e3:.1f} ms")
+    print(f"peak memory: {result['peak_memory_bytes'] / 2**20:,.0f} MiB")
+
+
 def _add_runs(commands: argparse._SubParsersAction) -> None:
+    bench = commands.add_parser("bench", help="time training steps of a config: tokens/s, MFU, forward/backward/optimizer split")
+    bench.add_argument("overrides", nargs="*", help="launch.py overrides, e.g. model/size=small trainer.precision=bf16")
+    bench.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
+    bench.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
+    bench.add_argument("--json", action="store_true", help="print the result as JSON (schema in docs/performance.md)")
+    bench.set_defaults(handler=_bench)
+
     journal = commands.add_parser("journal", help="print a run's journal as a readable timeline")
     journal.add_argument("run", help="a run folder (or its journal.jsonl)")
     journal.set_defaults(handler=_journal)

@@ -129,3 +129,12 @@ def test_seeds_needed_follows_the_power_rule():
 def test_missing_folders_are_config_errors(args):
     result = cli(*args)
     assert result.returncode == 2 and "Traceback" not in result.stderr and "/no/such" in result.stderr
+
+
+def test_bench_prints_a_json_record_of_the_step(tmp_path):
+    result = cli("bench", *TINY, "--steps", "2", "--warmup", "1", "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    record = json.loads(result.stdout)
+    assert record["tokens_per_step"] == 4 * 32 and record["step_seconds"]["min"] <= record["step_seconds"]["median"] <= record["step_seconds"]["max"]
+    assert 0 < record["mfu"] and record["roofline_flops_per_s"] > 0 and set(record["split_seconds"]) == {"forward", "backward", "optimizer"}
+    assert record["model_flops_per_token"] == 6 * (25_696 - 256 * 32) + 12 * 1 * 32 * 32  # 6 N (no embedding) + 12 L d s

@@ -34,8 +34,16 @@ def param_groups(model: nn.Module, weight_decay: float, lr: float) -> list[dict]
     return groups
 
 
-def build_adamw(model: nn.Module, lr: float, betas, eps: float, weight_decay: float) -> torch.optim.AdamW:
-    return torch.optim.AdamW(param_groups(model, weight_decay, lr), lr=lr, betas=tuple(betas), eps=eps)
+FUSED_DEVICES = ("cpu", "cuda")
+"""Devices whose tensors torch's fused AdamW kernel takes."""
+
+
+def build_adamw(model: nn.Module, lr: float, betas, eps: float, weight_decay: float, implementation: str = "auto") -> torch.optim.AdamW:
+    if implementation == "auto":
+        devices = {param.device.type for param in model.parameters()}
+        implementation = "fused" if devices <= set(FUSED_DEVICES) else "foreach"
+    kernel = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for_loop": {"foreach": False}}[implementation]
+    return torch.optim.AdamW(param_groups(model, weight_decay, lr), lr=lr, betas=tuple(betas), eps=eps, **kernel)
 
 
 def build_sgd(model: nn.Module, lr: float, momentum: float, nesterov: bool, weight_decay: float) -> torch.optim.SGD:

@@ -8,6 +8,7 @@ from typing import Any
 from currytrain.rules import one_of, positive
 
 SCHEDULE_KINDS = ("cosine", "linear", "constant")
+ADAMW_IMPLEMENTATIONS = ("auto", "fused", "foreach", "for_loop")
 
 
 @dataclass
@@ -51,11 +52,14 @@ class AdamWConfig:
     """Adam epsilon."""
     weight_decay: float = 0.1
     """Decoupled weight decay on >=2-D parameters."""
+    implementation: str = "auto"
+    """fused (one kernel per step over all parameters), foreach (one per op over lists) or for_loop; auto
+    picks fused, which torch has for CPU and CUDA tensors."""
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
-        problems = lr_and_decay_problems(node, path)
+        problems = lr_and_decay_problems(node, path) + one_of(node, path, "implementation", ADAMW_IMPLEMENTATIONS)
         if len(node.betas) != 2 or not all(0 <= b < 1 for b in node.betas):
             problems.append(f"{path}.betas={list(node.betas)} must be two numbers in [0, 1): pass {path}.betas=[0.9,0.95]")
         return problems + positive(node, path, "eps", 1e-8)
