@@ -1,0 +1,154 @@
+"""curryTrain's full training step against the implementations a user would pick instead, same config.
+
+    python bench/peers.py                       # tiny and small, fp32 and bf16, 3 repetitions
+    python bench/peers.py --sizes tiny --precisions fp32 --steps 10
+
+Contenders, each stepping the same Llama-shaped model (GQA, RoPE, RMSNorm, SwiGLU) on the same random
+tokens with AdamW and gradient clipping:
+  curryTrain   Trainer.train_step(): the real loop with metrics, journal, loggers and progress bookkeeping
+  plain        a plain-PyTorch Llama written here, stepped by a hand-written loop (no framework)
+  transformers LlamaForCausalLM with the equivalent LlamaConfig, stepped by the same hand-written loop
+Each round steps every contender once, in turn (so load from other processes hits all alike); the
+first rounds are warm-up. Printed: median tokens/s, the ratio to plain, and MFU against a matmul
+roofline measured in the same run for the dtype (model FLOPs as in `currytrain bench`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing it
+
+from currytrain.benchmark import alternating_step_times, compose_config, matmul_roofline, model_flops_per_token  # noqa: E402
+from currytrain.run import write_run_record  # noqa: E402
+from currytrain.trainer.trainer import Trainer  # noqa: E402
+
+BATCH = {"tiny": 4, "small": 8}
+
+
+class PlainBlock(nn.Module):
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, hidden: int):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, dim // n_heads
+        self.norm1, self.norm2 = nn.RMSNorm(dim, eps=1e-5), nn.RMSNorm(dim, eps=1e-5)
+        self.qkv = nn.Linear(dim, (n_heads + 2 * n_kv_heads) * self.head_dim, bias=False)
+        self.out = nn.Linear(dim, dim, bias=False)
+        self.gate_up = nn.Linear(dim, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split([self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim, self.n_kv_heads * self.head_dim], -1)
+        q = _rope(q.view(batch, seq, self.n_heads, self.head_dim), cos, sin).transpose(1, 2)
+        k = _rope(k.view(batch, seq, self.n_kv_heads, self.head_dim), cos, sin).transpose(1, 2)
+        v = v.view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        attention = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + self.out(attention.transpose(1, 2).reshape(batch, seq, -1))
+        gate, up = self.gate_up(self.norm2(x)).chunk(2, -1)
+        return x + self.down(F.silu(gate) * up)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos[:, None] + rotated * sin[:, None]
+
+
+class PlainLlama(nn.Module):
+    def __init__(self, vocab: int, dim: int, layers: int, n_heads: int, n_kv_heads: int, hidden: int, seq: int):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList(PlainBlock(dim, n_heads, n_kv_heads, hidden) for _ in range(layers))
+        self.norm, self.output = nn.RMSNorm(dim, eps=1e-5), nn.Linear(dim, vocab, bias=False)
+        head_dim = dim // n_heads
+        angles = torch.outer(torch.arange(seq).float(), 1.0 / 10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+        self.register_buffer("cos", torch.cat([angles.cos()] * 2, -1), persistent=False)
+        self.register_buffer("sin", torch.cat([angles.sin()] * 2, -1), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x, seq = self.tok_embeddings(tokens), tokens.shape[1]
+        for layer in self.layers:
+            x = layer(x, self.cos[:seq], self.sin[:seq])
+        return self.output(self.norm(x))
+
+
+def hf_llama(m) -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=m.vocab_size, hidden_size=m.dim, num_hidden_layers=m.n_layers, num_attention_heads=m.n_heads,
+        num_key_value_heads=m.n_kv_heads, intermediate_size=m.mlp_hidden, max_position_embeddings=m.max_seq_len,
+        rms_norm_eps=m.norm_eps, rope_theta=m.rope_theta, attn_implementation="sdpa",
+    )  # fmt: skip
+    return LlamaForCausalLM(config)
+
+
+def hand_step(model: nn.Module, optimizer, batch, dtype, logits_of) -> None:
+    inputs, targets = batch
+    with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+        logits = logits_of(model, inputs)
+    F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def measure(size: str, precision: str, steps: int, warmup: int, workdir: Path) -> dict[str, float]:
+    overrides = [f"model/size={size}", f"trainer.batch_size={BATCH[size]}", f"trainer.precision={precision}", "trainer.progress=false", "data=synthetic"]
+    cfg = compose_config(
+        [*overrides, f"data.vocab_size={8192 if size == 'small' else 1024}", f"trainer.max_steps={steps + warmup + 1}", "trainer.eval_every=100000"]
+    )
+    run_dir = workdir / f"{size}-{precision}"
+    write_run_record(cfg, run_dir, overrides, Path.cwd())
+    trainer = Trainer(cfg, run_dir)
+    m, dtype = cfg.model, trainer.autocast_dtype
+    torch.manual_seed(0)
+    plain = PlainLlama(m.vocab_size, m.dim, m.n_layers, m.n_heads, m.n_kv_heads, m.mlp_hidden, m.max_seq_len)
+    hf = hf_llama(m)
+    optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True) for name, model in (("plain", plain), ("transformers", hf))}
+    batches = [trainer.data.batch("train", step, 0, BATCH[size]) for step in range(steps + warmup)]
+    times = alternating_step_times(
+        {
+            "curryTrain": lambda step: trainer.train_step(),
+            "plain": lambda step: hand_step(plain, optimizers["plain"], batches[step], dtype, lambda model, x: model(x)),
+            "transformers": lambda step: hand_step(hf, optimizers["transformers"], batches[step], dtype, lambda model, x: model(input_ids=x).logits),
+        },
+        rounds=steps,
+        warmup=warmup,
+    )
+    tokens = BATCH[size] * cfg.data.seq_len
+    roofline = matmul_roofline(1024, dtype or torch.float32, torch.device("cpu"))
+    flops = model_flops_per_token(trainer.model, m.n_layers, m.dim, cfg.data.seq_len) * tokens
+    trainer.loggers.close()
+    return {name: (tokens / statistics.median(values), flops / statistics.median(values) / roofline) for name, values in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", default=["tiny", "small"])
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    print(f"{'size':<6}{'dtype':<6}{'contender':<14}{'tok/s (median of repeats)':>27}{'x plain':>9}{'MFU':>8}   (threads={torch.get_num_threads()})")
+    with tempfile.TemporaryDirectory() as workdir:
+        for size in args.sizes:
+            for precision in args.precisions:
+                runs = [measure(size, precision, args.steps, args.warmup, Path(workdir) / str(r)) for r in range(args.repeats)]
+                rate = {name: statistics.median(run[name][0] for run in runs) for name in runs[0]}
+                mfu = {name: statistics.median(run[name][1] for run in runs) for name in runs[0]}
+                for name in rate:
+                    print(f"{size:<6}{precision:<6}{name:<14}{rate[name]:>27,.0f}{rate[name] / rate['plain']:>9.3f}{mfu[name]:>8.1%}")
+
+
+if __name__ == "__main__":
+    main()
