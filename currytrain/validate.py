@@ -137,6 +137,21 @@ def _check_rollback(cfg: DictConfig) -> list[str]:
     return []
 
 
+def _check_memory(cfg: DictConfig) -> list[str]:
+    """Refuse a run that cannot fit, with the estimate (currytrain/estimate.py) and what to change."""
+    from currytrain.estimate import GiB, device_memory, estimate_memory
+
+    estimate = estimate_memory(cfg)
+    available, where = device_memory(cfg.trainer.device)
+    if estimate.total <= available:
+        return []
+    return [
+        f"the run needs about {estimate.describe()}, more than {where} holds ({available / GiB:,.1f} GiB): "
+        "lower model.dim / model.n_layers / model.mlp_hidden (or model/size), lower trainer.batch_size "
+        "(raise trainer.grad_accum to keep the batch), or set model.ac=full"
+    ]
+
+
 def _check_loggers(cfg: DictConfig) -> list[str]:
     return [] if cfg.logger else ["logger is empty: pass logger=[tensorboard,jsonl] (or at least one logger)"]
 
@@ -152,7 +167,9 @@ def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         problems += check_tree(cfg)
         for check in CROSS_GROUP_CHECKS:
             problems += check(cfg)
-        return problems + _check_run_dir(cfg, run_dir)
+        problems += _check_run_dir(cfg, run_dir)
+        # Sizing builds the model on the meta device: only once every value it reads is known good.
+        return problems or _check_memory(cfg)
     except OmegaConfBaseException as error:  # an interpolation that cannot resolve, a missing value
         return [f"the config cannot be read: {error}"]
 

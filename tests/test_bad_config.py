@@ -48,6 +48,8 @@ BAD_CONFIGS = [
     (["abort.window=-1"], ["abort.window=-1 must be >= 2"]),
     (["abort=strict"], ["abort.action=rollback restores the last good checkpoint", "trainer.checkpoint_every=<steps>"]),
     (["abort.rollback_lr_scale=2"], ["abort.rollback_lr_scale=2.0 must be in (0, 1]"]),
+    (["model.dim=1000000"], ["the run needs about", "parameters), more than this machine's available RAM", "lower model.dim"]),
+    (["trainer.batch_size=100000000"], ["the run needs about", "activations", "lower trainer.batch_size"]),
     (["logger=[tensorboard,nope]"], ["logger has no option 'nope': choose from ['jsonl', 'tensorboard']"]),
 ]
 

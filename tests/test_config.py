@@ -141,3 +141,14 @@ def test_build_rejects_runtime_arguments_that_collide_with_config_fields(compose
     cfg = compose_cfg()
     with pytest.raises(ConfigError, match="collide"):
         build(cfg.logger.jsonl, filename="other.jsonl", run_dir="/tmp")
+
+
+def test_the_memory_estimate_counts_parameters_exactly_without_allocating(compose_cfg):
+    from currytrain.estimate import estimate_memory
+
+    cfg = compose_cfg()
+    estimate = estimate_memory(cfg)
+    model = build_step_setup(cfg).model
+    assert estimate.num_params == sum(p.numel() for p in model.parameters())
+    assert (estimate.weights, estimate.gradients, estimate.optimizer) == (4 * estimate.num_params, 4 * estimate.num_params, 16 * estimate.num_params // 2)
+    assert estimate_memory(compose_cfg("model.ac=full")).activations < estimate.activations

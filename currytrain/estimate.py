@@ -1,0 +1,81 @@
+"""What a run will need before it runs: parameters counted exactly on the meta device (nothing allocated),
+then bytes of weights, gradients, optimizer state and activations per process.
+
+Validation refuses a run whose estimate exceeds the device's memory, so `model.dim=1000000` gets a number
+and a fix instead of an attempt to allocate terabytes. The activation term is a rough upper estimate
+(what autograd keeps per token and layer in a pre-norm GQA/SwiGLU block, plus the logits); the
+parameter, gradient and optimizer terms are exact for fp32 AdamW.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from omegaconf import DictConfig
+
+GiB = 2**30
+OPTIMIZER_STATES = {"currytrain.optim.builders.build_adamw": 2, "currytrain.optim.builders.build_sgd": 1}
+"""fp32 tensors of state per parameter (AdamW: two moments; SGD: momentum)."""
+
+
+@dataclass
+class MemoryEstimate:
+    num_params: int
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.activations
+
+    def describe(self) -> str:
+        parts = (("weights", self.weights), ("gradients", self.gradients), ("optimizer state", self.optimizer), ("activations", self.activations))
+        return f"{self.total / GiB:,.1f} GiB ({', '.join(f'{name} {size / GiB:,.1f}' for name, size in parts)}; {self.num_params:,} parameters)"
+
+
+def count_parameters(model_cfg: DictConfig) -> int:
+    """Exact, from the model built on the meta device: shapes only, no memory."""
+    import torch
+
+    from currytrain.model import build_model
+
+    with torch.device("meta"):
+        model = build_model(model_cfg)
+    return sum(p.numel() for p in model.parameters())
+
+
+def estimate_memory(cfg: DictConfig) -> MemoryEstimate:
+    """Bytes one process needs for the run `cfg` (fp32 weights, gradients and optimizer state)."""
+    model, trainer = cfg.model, cfg.trainer
+    num_params = count_parameters(model)
+    tokens = trainer.batch_size * cfg.data.seq_len
+    element = 2 if trainer.precision == "bf16" else 4
+    hidden = model.get("expert_hidden", 0) * model.get("top_k", 0) + model.get("mlp_hidden", 0)
+    per_token_layer = 10 * model.dim + 4 * hidden  # norms, q/k/v, attention out, residuals; SwiGLU's three
+    if model.get("ac", "none") == "full":
+        per_token_layer = model.dim  # only each block's input is kept
+    activations = tokens * model.n_layers * per_token_layer * element * model.get("timesteps", 1)
+    activations += tokens * model.vocab_size * 4 * 3  # logits, their fp32 copy, the loss gradient
+    states = OPTIMIZER_STATES.get(cfg.optimizer.get("_target_"), 2)
+    return MemoryEstimate(num_params, 4 * num_params, 4 * num_params, 4 * states * num_params, activations)
+
+
+def device_memory(device: str) -> tuple[int, str]:
+    """(bytes a new run can use, a name for the message) on trainer.device."""
+    import torch
+
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        return torch.cuda.mem_get_info()[1], f"the GPU ({torch.cuda.get_device_name()})"
+    return _available_ram(), "this machine's available RAM"
+
+
+def _available_ram() -> int:
+    try:
+        with open("/proc/meminfo") as file:
+            fields = dict(line.split(":", 1) for line in file)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
