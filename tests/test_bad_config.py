@@ -50,7 +50,7 @@ BAD_CONFIGS = [
     (["abort.rollback_lr_scale=2"], ["abort.rollback_lr_scale=2.0 must be in (0, 1]"]),
     (["model.dim=1000000"], ["the run needs about", "parameters), more than this machine's available RAM", "lower model.dim"]),
     (["trainer.batch_size=100000000"], ["the run needs about", "activations", "lower trainer.batch_size"]),
-    (["logger=[tensorboard,nope]"], ["logger has no option 'nope': choose from ['jsonl', 'tensorboard']"]),
+    (["logger=[tensorboard,nope]"], ["logger has no option 'nope': choose from ['jsonl', 'mlflow', 'tensorboard', 'wandb']"]),
 ]
 
 
