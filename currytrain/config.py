@@ -2,10 +2,15 @@
 
 Every group option in conf/ is a YAML file whose defaults list names one schema stored here
 (`/schema/<group>/<option>`), so a mistyped key fails at composition with Hydra's own message.
+A project's own experiments register theirs the same way: experiments/<name>/config.py holds a SCHEMAS
+dict shaped like the one below, and register_configs() stores it beside the built-in schemas.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import pkgutil
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,10 +64,26 @@ class RootConfig:
     """Seeds model init, the data split and every batch: same seed, same loss curve."""
 
 
-def register_configs() -> None:
+def store_schemas(schemas: dict[str, dict[str, type]]) -> None:
     cs = ConfigStore.instance()
-    cs.store(name="root_schema", node=RootConfig)
-    for group, options in SCHEMAS.items():
+    for group, options in schemas.items():
         for name, schema in options.items():
             # Stored outside the option's own group so `Available options in 'model'` lists only real options.
             cs.store(group=f"schema/{group}", name=name, node=schema)
+
+
+def experiment_config_modules() -> list[str]:
+    """The experiments/<name>/config.py modules of the project on sys.path (the folder of its launch.py)."""
+    spec = importlib.util.find_spec("experiments")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    packages = sorted(info.name for info in pkgutil.iter_modules(spec.submodule_search_locations) if info.ispkg)
+    return [f"experiments.{name}.config" for name in packages if importlib.util.find_spec(f"experiments.{name}.config")]
+
+
+def register_configs() -> None:
+    """Store the root schema, every built-in option's schema and those of the project's experiments."""
+    ConfigStore.instance().store(name="root_schema", node=RootConfig)
+    store_schemas(SCHEMAS)
+    for module in experiment_config_modules():
+        store_schemas(importlib.import_module(module).SCHEMAS)
