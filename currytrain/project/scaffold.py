@@ -82,6 +82,7 @@ def scaffold_files(name: str, kind: str, family: str | None) -> dict[str, str]:
     if source in ("lm", "from"):
         values["data_config"] = render("scaffold/lm/data_config.py.tmpl", **values).rstrip("\n")
     values |= SMALL_FAMILY_TEST if family else {"small_sizes": "", "small_args": ""}
+    values["values"] = family_values(family) if family else ""
     values["size"] = (
         "debug  # model/size=tiny|small: curryTrain's sizes of its decoder families"
         if family
@@ -98,6 +99,12 @@ def scaffold_files(name: str, kind: str, family: str | None) -> dict[str, str]:
         f"conf/experiment/{name}.yaml": render("scaffold/common/experiment.yaml.tmpl", **values),
         f"tests/test_{name}.py": render("scaffold/common/test.py.tmpl", **values),
     }
+
+
+def family_values(family: str) -> str:
+    """The values curryTrain's conf/model/<family>.yaml chooses (what follows its defaults list), to edit in the copy's."""
+    text = resources.files("currytrain.conf").joinpath("model", f"{family}.yaml").read_text()
+    return "\n" + text.split("- _self_\n", 1)[1].lstrip("\n")
 
 
 def copied_family(family: str, values: dict[str, str]) -> str:
