@@ -22,6 +22,7 @@ KINDS = ("lm", "classifier", "custom")
 FAMILIES = tuple(SCHEMAS["model"])
 """Built-in model families --from can copy (currytrain/model/<family>.py)."""
 NAMED_GROUPS = ("model", "data", "experiment")
+"""Config groups that get an option called NAME."""
 SMALL_FAMILY_TEST = {
     "small_sizes": """
 SMALL = ["model.dim=32", "model.n_layers=1", "model.n_heads=2", "model.n_kv_heads=1", "model.mlp_hidden=64", "model.max_seq_len=32"]
@@ -30,7 +31,6 @@ SMALL = ["model.dim=32", "model.n_layers=1", "model.n_heads=2", "model.n_kv_head
     "small_args": ", *SMALL",
 }
 """What the generated test of a --from experiment adds, so that its run stays quick."""
-"""Config groups that get an option called NAME."""
 
 
 def scaffold(name: str, *, kind: str = "lm", family: str | None = None, start: Path) -> list[Path]:
@@ -74,31 +74,33 @@ def builtin_options(group: str) -> set[str]:
 
 
 def scaffold_files(name: str, kind: str, family: str | None) -> dict[str, str]:
-    source = "from" if family else kind
-    values = {"name": name, "Name": "".join(part.capitalize() for part in name.split("_")) or name, "kind": kind}
-    if family:
-        schema = SCHEMAS["model"][family]
-        values |= {"kind": f"lm from {family}", "family": family, "family_config": schema.__name__, "family_class": schema._target_.rpartition(".")[2]}
-    if source in ("lm", "from"):
-        values["data_config"] = render("scaffold/lm/data_config.py.tmpl", **values).rstrip("\n")
-    values |= SMALL_FAMILY_TEST if family else {"small_sizes": "", "small_args": ""}
-    values["values"] = family_values(family) if family else ""
-    values["size"] = (
-        "debug  # model/size=tiny|small: curryTrain's sizes of its decoder families"
-        if family
-        else "null  # curryTrain's sizes set decoder fields this model does not have"
-    )
-    package = f"experiments/{name}"
+    """Experiment path -> text: the kind's templates, or for --from the family's copy and the lm data."""
+    values = template_values(name, kind, family)
+    source, data_kind, package = ("from" if family else kind), ("lm" if family else kind), f"experiments/{name}"
     return {
         f"{package}/__init__.py": render("scaffold/common/init.py.tmpl", **values),
         f"{package}/config.py": render(f"scaffold/{source}/config.py.tmpl", **values),
         f"{package}/model.py": copied_family(family, values) if family else render(f"scaffold/{kind}/model.py.tmpl", **values),
-        f"{package}/dataset.py": render(f"scaffold/{'lm' if family else kind}/dataset.py.tmpl", **values),
+        f"{package}/dataset.py": render(f"scaffold/{data_kind}/dataset.py.tmpl", **values),
         f"conf/model/{name}.yaml": render("scaffold/common/model.yaml.tmpl", **values),
         f"conf/data/{name}.yaml": render("scaffold/common/data.yaml.tmpl", **values),
         f"conf/experiment/{name}.yaml": render("scaffold/common/experiment.yaml.tmpl", **values),
         f"tests/test_{name}.py": render("scaffold/common/test.py.tmpl", **values),
     }
+
+
+def template_values(name: str, kind: str, family: str | None) -> dict[str, str]:
+    """What fills the templates' {{placeholders}}."""
+    values = {"name": name, "Name": "".join(part[:1].upper() + part[1:] for part in name.split("_")) or name, "kind": kind}
+    if family is None:
+        values |= {"small_sizes": "", "small_args": "", "values": "", "size": "null  # curryTrain's sizes set decoder fields this model does not have"}
+    else:
+        schema = SCHEMAS["model"][family]
+        values |= {"kind": f"lm from {family}", "family": family, "family_config": schema.__name__, "family_class": schema._target_.rpartition(".")[2]}
+        values |= {**SMALL_FAMILY_TEST, "values": family_values(family), "size": "debug  # model/size=tiny|small: curryTrain's sizes of its decoder families"}
+    if kind == "lm":
+        values["data_config"] = render("scaffold/lm/data_config.py.tmpl", **values).rstrip("\n")
+    return values
 
 
 def family_values(family: str) -> str:
