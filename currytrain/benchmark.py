@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,14 +24,12 @@ __all__ = [
     "alternating_step_times",
 ]
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"  # the checkout's conf/, as launch.py uses it
-
 
 def compose_config(overrides: list[str]) -> DictConfig:
     """The root config with launch.py's overrides, composed outside a running Hydra app."""
     from hydra import compose, initialize_config_dir
 
-    from currytrain.config import register_configs
+    from currytrain.config import CONF_DIR, register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -1,5 +1,7 @@
 """The `currytrain` console script: the actions that are not one training run (launch.py runs those).
 
+    currytrain init DIR [--copy-framework] [--force]   a new project (conf/ adds to curryTrain's config tree)
+    currytrain scaffold NAME [--kind lm|classifier|custom] [--from gqa]   a new idea inside a project
     currytrain hf import SRC [--out DIR]     a Hugging Face checkpoint (folder or Hub id) -> curryTrain folder
     currytrain hf export RUN OUTDIR          a curryTrain run or import folder -> Hugging Face folder
     currytrain journal RUN                   a run's journal as a timeline
@@ -35,6 +37,38 @@ def _hf_export(args: argparse.Namespace) -> None:
 
     out = export_hf(args.run, args.outdir, dtype=args.dtype, overwrite=args.overwrite)
     print(f"exported {args.run} -> {out} (config.json + model.safetensors): transformers.AutoModelForCausalLM.from_pretrained('{out}')")
+
+
+def _init(args: argparse.Namespace) -> None:
+    from currytrain.project.init import init_project
+
+    written = init_project(args.dir, force=args.force, copy_framework=args.copy_framework)
+    print(f"created the project {args.dir} ({len(written)} files). Next:\n  cd {args.dir}\n  python launch.py trainer.max_steps=5\n  pytest")
+
+
+def _scaffold(args: argparse.Namespace) -> None:
+    from currytrain.project.scaffold import scaffold
+
+    written = scaffold(args.name, kind=args.kind, family=args.family, start=Path.cwd())
+    for path in written:
+        print(f"wrote {path}")
+    print(f"train it: python launch.py experiment={args.name}   test it: pytest tests/test_{args.name}.py")
+
+
+def _add_project(commands: argparse._SubParsersAction) -> None:
+    from currytrain.project.scaffold import FAMILIES, KINDS
+
+    init = commands.add_parser("init", help="make a new project whose conf/ adds to curryTrain's config tree (docs/getting-started.md)")
+    init.add_argument("dir", type=Path, help="the project folder: new or empty")
+    init.add_argument("--copy-framework", action="store_true", help="copy curryTrain's source into the project to edit it, instead of depending on it")
+    init.add_argument("--force", action="store_true", help="write into a folder that is not empty, replacing files of the same names")
+    init.set_defaults(handler=_init)
+
+    scaffold = commands.add_parser("scaffold", help="add an idea to the project around the current folder: model, data, configs and a test")
+    scaffold.add_argument("name", help="the experiment's name: a Python identifier not used yet (experiment=NAME)")
+    scaffold.add_argument("--kind", choices=KINDS, default="lm", help="lm: a causal LM; classifier: one label per sequence; custom: the bare contract")
+    scaffold.add_argument("--from", dest="family", choices=FAMILIES, default=None, help="start the model from a copy of a built-in family (kind lm)")
+    scaffold.set_defaults(handler=_scaffold)
 
 
 def _add_hf(commands: argparse._SubParsersAction) -> None:
@@ -147,6 +181,7 @@ def _add_runs(commands: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="currytrain", description="curryTrain actions besides training (python launch.py trains).")
     commands = parser.add_subparsers(dest="command", required=True)
+    _add_project(commands)
     _add_hf(commands)
     _add_runs(commands)
     return parser

@@ -2,10 +2,15 @@
 
 Every group option in conf/ is a YAML file whose defaults list names one schema stored here
 (`/schema/<group>/<option>`), so a mistyped key fails at composition with Hydra's own message.
+A project's own experiments register theirs the same way: experiments/<name>/config.py holds a SCHEMAS
+dict shaped like the one below, and register_configs() stores it beside the built-in schemas.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import pkgutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,16 +65,36 @@ class RootConfig:
     """Seeds model init, the data split and every batch: same seed, same loss curve."""
 
 
-def register_configs() -> None:
+CONF_DIR = Path(__file__).resolve().parent / "conf"
+"""curryTrain's config tree: conf/ of the checkout (currytrain/conf links to it), package data when installed."""
+
+
+def store_schemas(schemas: dict[str, dict[str, type]]) -> None:
     cs = ConfigStore.instance()
-    cs.store(name="root_schema", node=RootConfig)
-    for group, options in SCHEMAS.items():
+    for group, options in schemas.items():
         for name, schema in options.items():
             # Stored outside the option's own group so `Available options in 'model'` lists only real options.
             cs.store(group=f"schema/{group}", name=name, node=schema)
 
 
-def unknown_list_choices(args: list[str], conf_dir: Path) -> list[str]:
+def experiment_config_modules() -> list[str]:
+    """The experiments/<name>/config.py modules of the project on sys.path (the folder of its launch.py)."""
+    spec = importlib.util.find_spec("experiments")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    packages = sorted(info.name for info in pkgutil.iter_modules(spec.submodule_search_locations) if info.ispkg)
+    return [f"experiments.{name}.config" for name in packages if importlib.util.find_spec(f"experiments.{name}.config")]
+
+
+def register_configs() -> None:
+    """Store the root schema, every built-in option's schema and those of the project's experiments."""
+    ConfigStore.instance().store(name="root_schema", node=RootConfig)
+    store_schemas(SCHEMAS)
+    for module in experiment_config_modules():
+        store_schemas(importlib.import_module(module).SCHEMAS)
+
+
+def unknown_list_choices(args: list[str], conf_dirs: list[Path]) -> list[str]:
     """Hydra lists the options of a group when one chosen option does not exist (`model=nope`), but not
     for a list of options (`logger=[tensorboard,nope]`): the problems of such overrides, with the options."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -81,11 +106,11 @@ def unknown_list_choices(args: list[str], conf_dir: Path) -> list[str]:
         return []  # Hydra reports malformed overrides itself
     problems = []
     for override in overrides:
-        group = conf_dir / override.key_or_group
+        groups = [conf_dir / override.key_or_group for conf_dir in conf_dirs if (conf_dir / override.key_or_group).is_dir()]
         value = override.value()
-        if not group.is_dir() or not isinstance(value, list):
+        if not groups or not isinstance(value, list):
             continue
-        options = sorted(path.stem for path in group.glob("*.yaml"))
+        options = sorted({path.stem for group in groups for path in group.glob("*.yaml")})
         for name in value:
             if name not in options:
                 problems.append(

@@ -20,13 +20,15 @@ from currytrain.weights import RESOLVED
 
 
 def default_config() -> dict | None:
-    """The root config with no overrides, for the journal's diff; None outside a Hydra context."""
+    """The app's root config with no overrides, for the journal's diff; None outside a Hydra context."""
     from hydra import compose
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
 
     if not GlobalHydra.instance().is_initialized():
         return None
-    defaults = compose(config_name="config")
+    # The app's own root: a project's launch.py composes conf/project.yaml, whose search path reaches curryTrain's.
+    defaults = compose(config_name=HydraConfig.get().job.config_name)
     return OmegaConf.to_container(defaults, resolve=True) if defaults else None
 
 

@@ -17,10 +17,34 @@ model, so build_model() leaves them out. The one list of such fields."""
 
 
 @dataclass
-class DecoderConfig:
-    """Fields every decoder family shares; model/size/*.yaml sets them. Families subclass it."""
+class ModelConfig:
+    """Fields every model has, built-in family or a project's own (experiments/): its class, and the activation
+    checkpointing parallelize_decoder applies from outside to the blocks in `model.layers`."""
 
     _target_: str = "???"
+    ac: str = "none"
+    """Activation checkpointing: none (keep every activation for backward), full (keep only each block's
+    input and recompute the block in backward), selective (see ac_policy). Applied by parallelize_decoder."""
+    ac_policy: str = "block"
+    """With ac=selective: block (recompute every ac_every-th block whole, keep the others) or op (in every
+    block keep the matmul and attention outputs, recompute the cheap elementwise ops and norms)."""
+    ac_every: int = 2
+    """With ac=selective and ac_policy=block: checkpoint blocks 0, k, 2k, ... of model.layers
+    (1 checkpoints all of them, like ac=full)."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        """Activation-checkpointing fields."""
+        problems = one_of(node, path, "ac", AC_MODES, fix="full") + one_of(node, path, "ac_policy", AC_POLICIES)
+        if not node.ac_every >= 1:
+            problems.append(f"{path}.ac_every={node.ac_every} must be >= 1 (checkpoint every k-th block): pass {path}.ac_every=2")
+        return problems
+
+
+@dataclass
+class DecoderConfig(ModelConfig):
+    """Fields every decoder family shares; model/size/*.yaml sets them. Families subclass it."""
+
     vocab_size: int = 256
     """Number of token ids the embedding covers; must be >= the data's vocabulary."""
     dim: int = 128
@@ -51,24 +75,12 @@ class DecoderConfig:
     transfer to wider models. Assumes widths vary at fixed n_heads/n_kv_heads and mlp_hidden/dim."""
     mup_base_width: int = 128
     """With mup=true: the dim at which hyperparameters (lr, init_std) were tuned."""
-    ac: str = "none"
-    """Activation checkpointing: none (keep every activation for backward), full (keep only each block's
-    input and recompute the block in backward), selective (see ac_policy). Applied by parallelize_decoder."""
-    ac_policy: str = "block"
-    """With ac=selective: block (recompute every ac_every-th block whole, keep the others) or op (in every
-    block keep the matmul and attention outputs, recompute the cheap elementwise ops and norms)."""
-    ac_every: int = 2
-    """With ac=selective and ac_policy=block: checkpoint blocks 0, k, 2k, ... of model.layers
-    (1 checkpoints all of them, like ac=full)."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
-        """Sizes, init, activation checkpointing and muP fields every decoder family has."""
+        """Sizes, init and muP fields every decoder family has."""
         problems = at_least(node, path, ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden", "max_seq_len"))
         problems += positive(node, path, "init_std", 0.02) + positive(node, path, "norm_eps", 1e-5)
-        problems += one_of(node, path, "ac", AC_MODES, fix="full") + one_of(node, path, "ac_policy", AC_POLICIES)
-        if not node.ac_every >= 1:
-            problems.append(f"{path}.ac_every={node.ac_every} must be >= 1 (checkpoint every k-th block): pass {path}.ac_every=2")
         if not node.mup_base_width >= 1:
             problems.append(
                 f"{path}.mup_base_width={node.mup_base_width} must be >= 1: pass the {path}.dim hyperparameters were tuned at, "

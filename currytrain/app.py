@@ -1,0 +1,67 @@
+"""What every curryTrain Hydra app shares: the repo's launch.py and the launch.py of each project that
+`currytrain init` makes. The app file keeps its own `@hydra.main` (its config folder and root config);
+its task calls run_task(cfg), and its `__main__` block calls run_app(main).
+
+Jobs raise typed outcomes (currytrain.errors); only run_app turns them into exit codes:
+0 ok, 1 crash or failed run, 2 config error, 3 failed ladder gate, 4 abort.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from currytrain.errors import EXIT_CONFIG_ERROR, ConfigRejected, Outcome
+
+_task_started = False
+_outcomes: list[Outcome] = []
+"""Outcomes the jobs of this process raised, in order (a multirun may have several)."""
+
+
+def run_task(cfg: DictConfig) -> float | None:
+    """The body of the app's Hydra task: one run (or ladder, or sweep trial) of the composed config."""
+    global _task_started
+    _task_started = True
+    from currytrain.run import run  # torch and friends load only once a run really starts
+
+    try:
+        return run(cfg)
+    except Outcome as outcome:
+        _outcomes.append(outcome)
+        if HydraConfig.get().mode == RunMode.RUN:  # the whole command: its message and its exit code
+            print(outcome, file=sys.stderr)
+            sys.exit(outcome.exit_code)
+        raise  # Hydra records the job as failed, the other jobs still run, and prints the message
+
+
+def exit_code(hydra_code: int | str | None) -> int | str | None:
+    """Hydra exits 1 for every failure it reports: composition errors and failed validation before any job
+    started (config errors, 2) and jobs that raised (their outcome's code; a crash stays 1)."""
+    if hydra_code != 1:
+        return hydra_code
+    if not _task_started:
+        return EXIT_CONFIG_ERROR
+    return _outcomes[0].exit_code if _outcomes else 1
+
+
+def run_app(main: Callable[[], None]) -> None:
+    """Run the `@hydra.main` function `main` and exit with the code of how it ended."""
+    from currytrain.config import CONF_DIR, unknown_list_choices
+
+    if problems := unknown_list_choices(sys.argv[1:], [Path(sys.argv[0]).resolve().parent / "conf", CONF_DIR]):
+        print("\n".join(f"curryTrain: {problem}" for problem in problems), file=sys.stderr)
+        sys.exit(EXIT_CONFIG_ERROR)
+    try:
+        main()
+    except ConfigRejected as rejected:  # validation before Hydra made any folder
+        print(rejected.error, file=sys.stderr)
+        sys.exit(rejected.error.exit_code)
+    except Outcome as outcome:  # HYDRA_FULL_ERROR=1 lets the job's exception through
+        sys.exit(outcome.exit_code)
+    except SystemExit as exit_:
+        sys.exit(exit_code(exit_.code))
