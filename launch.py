@@ -3,6 +3,8 @@
     python launch.py                                   # debug GQA on the embedded corpus
     python launch.py model/size=tiny optimizer.lr=1e-3 # overrides
     python launch.py --cfg job                         # print the composed config
+    python launch.py parallel=fsdp parallel.nproc=2    # starts 2 workers itself
+    torchrun --nproc_per_node 2 launch.py parallel=ddp # rank 0 composes; the others read its run folder
 
 Jobs raise typed outcomes (currytrain.errors); this entry point alone turns them into exit codes:
 0 ok, 1 crash or failed run, 2 config error, 3 failed ladder gate, 4 abort.
@@ -10,6 +12,7 @@ Jobs raise typed outcomes (currytrain.errors); this entry point alone turns them
 
 from __future__ import annotations
 
+import os
 import sys
 
 import hydra
@@ -53,7 +56,18 @@ def exit_code(hydra_code: int | str | None) -> int | str | None:
     return _outcomes[0].exit_code if _outcomes else 1
 
 
+def torchrun_follower() -> bool:
+    """A torchrun rank other than 0: it does not compose; it trains from rank 0's run folder."""
+    from currytrain.parallel.workers import under_torchrun
+
+    return under_torchrun() and int(os.environ["RANK"]) != 0
+
+
 if __name__ == "__main__":
+    if torchrun_follower():
+        from currytrain.parallel.workers import follow_rank_zero
+
+        sys.exit(follow_rank_zero())
     try:
         main()
     except ConfigRejected as rejected:  # validation before Hydra made any folder

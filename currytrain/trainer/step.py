@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from currytrain.model.hooks import HasAuxiliaryLoss
 
@@ -68,6 +69,8 @@ def run_accumulated_step(
     # clip_grad_norm_ with an infinite bound measures the norm without changing the gradients.
     max_norm = grad_clip if grad_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    if isinstance(grad_norm, DTensor):  # FSDP: each rank holds part of the norm; the whole is needed here
+        grad_norm = grad_norm.full_tensor()
     # One device-to-host copy per step: the finiteness check needs it anyway, so the loss rides along.
     loss_value, norm_value = torch.stack([total_loss, grad_norm.to(total_loss.dtype)]).tolist()
     skipped = not math.isfinite(norm_value)

@@ -58,7 +58,8 @@ class Trainer:
         self.loggers = build_loggers(cfg.logger, self.run_dir, enabled=self.state.is_main)
         self.loggers.log_config(OmegaConf.to_container(cfg, resolve=True))
         self.hooks = list(hooks)
-        self.tokens_per_step = self.cfg.batch_size * self.cfg.grad_accum * self.data.seq_len * self.state.dp_size
+        # trainer.batch_size is the global batch: the dp ranks split it, so this does not depend on their number.
+        self.tokens_per_step = self.cfg.batch_size * self.cfg.grad_accum * self.data.seq_len
 
     @property
     def step(self) -> int:
@@ -102,7 +103,7 @@ class Trainer:
         step, cfg = self.step, self.cfg
         tic = time.perf_counter()
         # 1. forward/backward over the microbatches, 2. clip, 3. finiteness check, 4. optimizer step
-        microbatches = [self.data.batch("train", step, micro, cfg.batch_size, rank=self.state.dp_rank) for micro in range(cfg.grad_accum)]
+        microbatches = [self.batch("train", step, micro) for micro in range(cfg.grad_accum)]
         result = run_accumulated_step(
             self.model,
             self.optimizer,
@@ -111,14 +112,16 @@ class Trainer:
             grad_clip=cfg.grad_clip,
             autocast_dtype=self.autocast_dtype,
         )
+        # Each rank's loss is over its slice; the mean over the dp ranks is the global batch's loss.
+        loss = self.state.mean_over("loss", torch.tensor(result.loss, device=self.state.device)).item()
         if result.skipped:
-            self.journal.event("skip_step", step=step, loss=result.loss, grad_norm=result.grad_norm)
+            self.journal.event("skip_step", step=step, loss=loss, grad_norm=result.grad_norm)
         # 5. scheduler step
         lr = self.optimizer.param_groups[0]["lr"]
         self.scheduler.step()
         seconds = time.perf_counter() - tic
         metrics = {
-            "train/loss": result.loss,
+            "train/loss": loss,
             "train/grad_norm": result.grad_norm,
             "train/lr": lr,
             "train/tokens_per_s": self.tokens_per_step / seconds,
@@ -140,6 +143,10 @@ class Trainer:
         # 8. hooks: abort conditions, sweep pruning, ladder probes
         self.act_on(decide(self.hooks, step, metrics))
         return metrics
+
+    def batch(self, split: str, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's slice of the global batch (trainer.batch_size sequences) of `step`."""
+        return self.data.batch(split, step, micro, self.cfg.batch_size, rank=self.state.dp_rank, num_ranks=self.state.dp_size)
 
     def act_on(self, decision: Decision) -> None:
         if decision.action is Action.STOP:
@@ -165,12 +172,12 @@ class Trainer:
         self.model.eval()
         losses = []
         for index in range(self.cfg.eval_batches):
-            inputs, targets = self.data.batch("val", 0, index, self.cfg.batch_size, rank=self.state.dp_rank)
+            inputs, targets = self.batch("val", 0, index)
             inputs, targets = inputs.to(self.state.device), targets.to(self.state.device)
             with torch.autocast(self.state.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
                 losses.append(causal_lm_loss(self.model(inputs), targets).item())
         self.model.train()
-        val_loss = sum(losses) / len(losses)
+        val_loss = self.state.mean_over("loss", torch.tensor(sum(losses) / len(losses), device=self.state.device)).item()
         self.loggers.log_metrics({"val/loss": val_loss, "val/bits_per_token": val_loss / math.log(2)}, self.step)
         self.journal.event("eval", step=self.step, val_loss=val_loss)
         log.info("step %d: val loss %.4f", self.step, val_loss)
