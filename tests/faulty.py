@@ -22,3 +22,13 @@ class CrashingLogger:
 
     def close(self) -> None:
         CrashingLogger.closed.append(self.run_dir)
+
+
+class RejectingLogger:
+    """A logger whose construction raises a ConfigError: a config problem only a worker can find (loggers
+    are built on rank 0 alone, so the other ranks wait for it in a collective)."""
+
+    def __init__(self, run_dir: str):
+        from currytrain.errors import ConfigError
+
+        raise ConfigError("logger.reject: this logger refuses every run: remove +logger.reject")
