@@ -32,3 +32,21 @@ class RejectingLogger:
         from currytrain.errors import ConfigError
 
         raise ConfigError("logger.reject: this logger refuses every run: remove +logger.reject")
+
+
+class SlowLogger:
+    """A logger that sleeps `seconds` per log_metrics call: a run slow enough to be interrupted on cue."""
+
+    def __init__(self, run_dir: str, seconds: float = 0.1):
+        self.seconds = seconds
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        import time
+
+        time.sleep(self.seconds)
+
+    def log_config(self, config: Mapping) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import traceback
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from currytrain.errors import Aborted, ConfigError, GateFailed, Outcome, Pruned, RunFailed
+from currytrain.errors import Aborted, ConfigError, GateFailed, Outcome, Pruned, RunFailed, exit_code_of
 from currytrain.journal import Journal
 from currytrain.weights import RESOLVED
 
@@ -52,6 +53,10 @@ def launch_workers(resolved_path: Path, nproc: int) -> float:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     run_dir = Path(resolved_path).parent
+    # The agent would log each failed worker's traceback again; it is in workers/rank_<r>.stderr already,
+    # and the launcher journals the failure and raises its outcome (one message on the console).
+    for name in ("torch.distributed.elastic", "torch.multiprocessing.spawn"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -63,6 +68,7 @@ def launch_workers(resolved_path: Path, nproc: int) -> float:
         max_restarts=0,
         monitor_interval=0.1,
         start_method="spawn",
+        shutdown_timeout=1,  # after one worker failed, the others get 1 s to exit before SIGKILL
         logs_specs=_run_folder_logs(run_dir / WORKERS_DIR),
     )
     try:
@@ -106,14 +112,26 @@ def worker_entry(resolved_path: str) -> float:
     from currytrain.run import run_worker
 
     rank = int(os.environ["RANK"])
+    # When a peer fails, the agent stops this worker with SIGTERM, perhaps while it waits inside a gloo
+    # collective for the dead peer: the default action ends it there (a Python handler would wait).
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     print(f"curryTrain worker rank {rank} pid {os.getpid()}", flush=True)
     try:
-        return run_worker(Path(resolved_path))
-    except Outcome as outcome:
-        # The launcher turns this back into the same outcome (a config error still exits 2).
-        record = {"error": type(outcome).__name__, "message": str(outcome)}
-        (Path(resolved_path).parent / WORKERS_DIR / f"rank_{rank}.outcome.json").write_text(json.dumps(record))
-        raise
+        return run_worker(Path(resolved_path))  # run_worker journals how the run ended (rank 0)
+    except BaseException as error:
+        _leave(error, Path(resolved_path).parent / WORKERS_DIR / f"rank_{rank}.outcome.json")
+
+
+def _leave(error: BaseException, outcome_file: Path) -> None:
+    """End a failed worker now. A typed outcome is left for the launcher to raise again (a config error still
+    exits 2). The process exits without interpreter teardown: with a peer gone, tearing down torch and the
+    process group can take seconds, and the agent stops the other workers only once this one is gone."""
+    if isinstance(error, Outcome):
+        outcome_file.write_text(json.dumps({"error": type(error).__name__, "message": str(error)}))
+    traceback.print_exception(error)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code_of(error))
 
 
 def _outcome_of(run_dir: Path, failures: dict[int, Any]) -> Outcome:
