@@ -61,6 +61,14 @@ class ParallelState:
         dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.view(role).get_group())
         return total / self.view(role).size()
 
+    def gather(self, value: Any) -> list[Any]:
+        """`value` from every rank of the job, in rank order (a picklable object); [value] for one process."""
+        if self.mesh is None:
+            return [value]
+        values: list[Any] = [None] * self.world_size
+        dist.all_gather_object(values, value)
+        return values
+
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     """trainer.device: auto picks the GPU of this local rank when CUDA is present, else the CPU."""

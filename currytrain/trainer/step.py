@@ -13,6 +13,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from currytrain.model.hooks import HasAuxiliaryLoss
+from currytrain.parallel.memory import grad_bytes
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -32,6 +33,8 @@ class StepResult:
     """True when the gradients were not finite and the optimizer step was skipped."""
     num_tokens: int
     """Target tokens processed in the step."""
+    grad_bytes: int | None = None
+    """Bytes of the gradients this rank held before the optimizer step (when measure_grads)."""
 
 
 def run_accumulated_step(
@@ -42,6 +45,7 @@ def run_accumulated_step(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = causal_lm_loss,
     grad_clip: float = 0.0,
     autocast_dtype: torch.dtype | None = None,
+    measure_grads: bool = False,
 ) -> StepResult:
     """Forward+backward each microbatch with its loss scaled by 1/N, then clip and take one optimizer step.
 
@@ -76,5 +80,6 @@ def run_accumulated_step(
     skipped = not math.isfinite(norm_value)
     if not skipped:
         optimizer.step()
+    held = grad_bytes(model) if measure_grads else None  # gradients are freed just below
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss=loss_value, grad_norm=norm_value, skipped=skipped, num_tokens=num_tokens)
+    return StepResult(loss=loss_value, grad_norm=norm_value, skipped=skipped, num_tokens=num_tokens, grad_bytes=held)

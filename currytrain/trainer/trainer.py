@@ -19,6 +19,7 @@ from currytrain.errors import Aborted, ConfigError, Pruned, RunFailed
 from currytrain.journal import Journal
 from currytrain.logger.base import MultiLogger
 from currytrain.model.hooks import HasTrainingMetrics
+from currytrain.parallel.memory import optimizer_state_bytes, param_bytes
 from currytrain.parallel.state import ParallelState, resolve_device
 from currytrain.trainer.hooks import Action, Decision, StepHook, decide
 from currytrain.trainer.progress import Progress
@@ -58,6 +59,7 @@ class Trainer:
         self.loggers = build_loggers(cfg.logger, self.run_dir, enabled=self.state.is_main)
         self.loggers.log_config(OmegaConf.to_container(cfg, resolve=True))
         self.hooks = list(hooks)
+        self.memory_logged = False
         # trainer.batch_size is the global batch: the dp ranks split it, so this does not depend on their number.
         self.tokens_per_step = self.cfg.batch_size * self.cfg.grad_accum * self.data.seq_len
 
@@ -111,7 +113,10 @@ class Trainer:
             loss_fn=causal_lm_loss,
             grad_clip=cfg.grad_clip,
             autocast_dtype=self.autocast_dtype,
+            measure_grads=not self.memory_logged,
         )
+        if not self.memory_logged:
+            self.log_memory(result.grad_bytes)
         # Each rank's loss is over its slice; the mean over the dp ranks is the global batch's loss.
         loss = self.state.mean_over("loss", torch.tensor(result.loss, device=self.state.device)).item()
         if result.skipped:
@@ -143,6 +148,15 @@ class Trainer:
         # 8. hooks: abort conditions, sweep pruning, ladder probes
         self.act_on(decide(self.hooks, step, metrics))
         return metrics
+
+    def log_memory(self, grads: int | None) -> None:
+        """Once per run, after its first step: every rank's bytes of parameters, gradients and optimizer
+        state (what each strategy shards shows here), journaled by rank 0 and sent to the loggers."""
+        mine = {"params": param_bytes(self.model), "grads": grads or 0, "optimizer": optimizer_state_bytes(self.optimizer)}
+        ranks = self.state.gather(mine)
+        self.journal.event("memory", step=self.step, ranks=ranks)
+        self.loggers.log_metrics({f"memory/{key}_bytes": float(value) for key, value in mine.items()}, self.step)
+        self.memory_logged = True
 
     def batch(self, split: str, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's slice of the global batch (trainer.batch_size sequences) of `step`."""
