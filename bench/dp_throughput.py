@@ -3,8 +3,8 @@
     python bench/dp_throughput.py                   # debug GQA, global batch 16 x 128 tokens, 30 steps
     python bench/dp_throughput.py model/size=tiny trainer.batch_size=32
 
-Both are real `launch.py` runs (parallel=single, then parallel=ddp parallel.nproc=2, each worker on
-cores // 2 threads). tokens/s is the global batch's tokens over rank 0's step time, as the trainer logs it;
+All are real `launch.py` runs: parallel=single with torch's default threads, the same with one thread
+(OMP_NUM_THREADS=1), then parallel=ddp parallel.nproc=2 (each worker on cores // 2 threads). tokens/s is the global batch's tokens over rank 0's step time, as the trainer logs it;
 the median over the steps after the first 5 is printed, with the ratio ddp@2 / single@1. On a machine with
 2 cores shared by other work this measures contention as much as scaling: the number is what it is.
 """
@@ -16,8 +16,22 @@ import sys
 
 from dp_launch import launch_run
 
-DEFAULTS = ["trainer.batch_size=16", "trainer.max_steps=30", "trainer.eval_every=1000", "trainer.eval_batches=1", "trainer.log_every=1", "trainer.device=cpu"]
-SETUPS = {"single@1": ["parallel=single"], "ddp@2": ["parallel=ddp", "parallel.nproc=2"]}
+DEFAULTS = [
+    "trainer.batch_size=16",
+    "trainer.max_steps=30",
+    "optimizer.schedule.warmup_steps=3",
+    "trainer.eval_every=1000",
+    "trainer.eval_batches=1",
+    "trainer.log_every=1",
+    "trainer.device=cpu",
+]
+# name -> (overrides, environment). single@1 uses torch's default threads (all cores); single@1x1 one thread,
+# which shows how much of a difference comes from intra-op threading rather than from data parallelism.
+SETUPS = {
+    "single@1": (["parallel=single"], {}),
+    "single@1x1": (["parallel=single"], {"OMP_NUM_THREADS": "1"}),
+    "ddp@2": (["parallel=ddp", "parallel.nproc=2"], {}),
+}
 
 
 def tokens_per_s(events: list[dict]) -> float:
@@ -26,10 +40,10 @@ def tokens_per_s(events: list[dict]) -> float:
 
 
 def main(overrides: list[str]) -> None:
-    rates = {name: tokens_per_s(launch_run([*DEFAULTS, *overrides, *setup])) for name, setup in SETUPS.items()}
+    rates = {name: tokens_per_s(launch_run([*DEFAULTS, *overrides, *setup], env)) for name, (setup, env) in SETUPS.items()}
     print(f"training tokens/s, median of steps 6+ | overrides: {' '.join(overrides) or '(none)'}")
     for name, rate in rates.items():
-        print(f"{name:<9} {rate:>10.0f} tokens/s  {rate / rates['single@1']:.2f}x")
+        print(f"{name:<11} {rate:>10.0f} tokens/s  {rate / rates['single@1']:.2f}x")
 
 
 if __name__ == "__main__":
