@@ -51,19 +51,26 @@ def run(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from currytrain.parallel import workers
+
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    rank = workers.join_submitit_job() if workers.in_submitit_task() else 0  # before validation: it checks WORLD_SIZE
     if hydra_cfg.mode == RunMode.MULTIRUN:
         # A single run was validated by ValidateCallback.on_run_start; a multirun's jobs are composed
         # after on_multirun_start, each with its own swept values and folder, so each is checked here.
         # A bad job raises: the launcher records it and the other jobs still run.
         raise_on_problems(validate(cfg, str(run_dir)))
-    from currytrain.parallel import workers
-
     if workers.under_torchrun() and hydra_cfg.mode == RunMode.MULTIRUN:
         raise ConfigError("-m under torchrun: every rank would run every job; run the sweep with launch.py alone (parallel.nproc=N starts the workers)")
+    if rank != 0:  # a submitit task of a multi-task job: rank 0 writes the record, this one trains from it
+        workers.wait_for_record(run_dir)
+        return run_worker(run_dir / RESOLVED)
     resolved_path = write_run_record(cfg, run_dir, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.cwd))
-    if workers.under_torchrun():  # this is rank 0: the others train from this folder's record
+    if workers.in_submitit_task():
+        workers.record_ready(run_dir).parent.mkdir(exist_ok=True)
+        workers.record_ready(run_dir).touch()
+    elif workers.under_torchrun():  # this is rank 0: the others train from this folder's record
         workers.publish_run_dir(run_dir)
     elif cfg.parallel.nproc > 1:
         return workers.launch_workers(resolved_path, cfg.parallel.nproc)

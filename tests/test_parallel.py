@@ -183,3 +183,16 @@ def test_config_error_inside_a_worker_exits_2(tmp_path):
     assert "this logger refuses every run" in result.stderr
     kinds = {e["type"]: e for e in _events(run_dir)}
     assert "config_error" in kinds and kinds["worker_failed"]["rank"] == 0
+
+
+@pytest.mark.slow
+def test_submitit_local_runs_one_task_per_rank(tmp_path):
+    """The SLURM path on this machine: 2 submitit tasks join one process group, rank 0 writes the record."""
+    sweep_dir = tmp_path / "multirun"
+    result = launch("-m", "hydra/launcher=slurm_local", "parallel=ddp", f"hydra.sweep.dir={sweep_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    journal = read_journal(sweep_dir / "0" / "journal.jsonl")
+    assert journal[0]["type"] == "header" and journal[-1]["type"] == "finish"
+    memory = next(event for event in journal if event["type"] == "memory")
+    assert len(memory["ranks"]) == 2, "both tasks trained in one job"
+    assert len(list((sweep_dir / ".submitit").glob("*/*_1_log.out"))) == 1, "submitit ran a second task"

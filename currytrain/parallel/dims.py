@@ -54,11 +54,11 @@ class ParallelDims:
         if problems:
             return problems
         fixed = math.prod(max(node[axis], 1) for axis in (*DP_AXES, "cp", "tp", "pp"))
-        where = f"the world size {world_size} ({'WORLD_SIZE' if 'WORLD_SIZE' in os.environ else f'{path}.nproc'})"
+        where = f"the world size is {world_size} ({'WORLD_SIZE' if 'WORLD_SIZE' in os.environ else f'{path}.nproc={node.nproc}'})"
         degrees = " x ".join(f"{path}.{axis}={node[axis]}" for axis in DP_AXES)
         if -1 in (node.dp_replicate, node.dp_shard):
             if world_size % fixed:
-                return [f"{degrees} cannot fill {where}: {fixed} does not divide {world_size}: pass {path}.nproc={fixed} (or a multiple)"]
+                return [f"{degrees} cannot fill the world: {where}, which {fixed} does not divide: pass {path}.nproc={fixed} (or a multiple)"]
         elif fixed != world_size:
             return [f"{degrees} = {fixed} processes, but {where}: pass {path}.nproc={fixed}, or degrees whose product is {world_size}"]
         return []

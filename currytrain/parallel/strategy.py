@@ -44,7 +44,7 @@ class Parallel:
         torch_device = resolve_device(device, local_rank)
         if world == 1 and self.zero_stage == 0:
             return ParallelState(device=torch_device)  # one replica: nothing to all-reduce, no group needed
-        node = DictConfig({**self.degrees, "zero_stage": self.zero_stage})
+        node = DictConfig({**self.degrees, "zero_stage": self.zero_stage, "nproc": self.nproc})
         problems = ParallelDims.problems(node, "parallel", world)
         if problems:
             raise ConfigError(format_problems(problems))

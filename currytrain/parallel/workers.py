@@ -4,6 +4,9 @@
   elastic agent (elastic_launch, the API behind torchrun); each runs run_worker(resolved.yaml). Their
   stdout/stderr go to <run>/workers/rank_<r>.{stdout,stderr} (rank 0's is also shown). A worker that
   fails or is killed stops the others; the launcher journals which rank and how, and raises its outcome.
+- SLURM (or submitit_local) through hydra-submitit-launcher with tasks_per_node = parallel.nproc: every
+  task runs the Hydra job; ranks, world size and the master address come from submitit's JobEnvironment.
+  Rank 0 writes the record, the others wait for it, and all train together.
 - The user's own `torchrun --nproc_per_node N launch.py ...`: rank 0 runs Hydra and writes the record, then
   publishes the run folder in torchrun's store; the other ranks never compose: they wait for that folder
   and read its resolved.yaml (Hydra's ${now:} would give each process its own folder).
@@ -155,6 +158,54 @@ def _how(failure: Any) -> str:
     if failure.exitcode < 0:
         return f"was killed by {failure.signal_name()}"
     return f"exited with code {failure.exitcode}"
+
+
+# -------------------------------------------------------------------------------------------- submitit
+
+
+def in_submitit_task() -> bool:
+    """True inside a job that submitit (SLURM or its local executor) started with more than one task."""
+    if not os.environ.get("SUBMITIT_EXECUTOR"):
+        return False
+    import submitit
+
+    return submitit.JobEnvironment().num_tasks > 1
+
+
+def join_submitit_job() -> int:
+    """Set the env:// rendezvous variables torch.distributed reads from submitit's view of the job, and return
+    this task's rank. Tasks of one job share its id, so the port (derived from it) agrees without talking."""
+    import submitit
+
+    job = submitit.JobEnvironment()
+    port = 20000 + int.from_bytes(job.job_id.encode()[-8:].rjust(8, b"0"), "little") % 20000
+    os.environ.update(
+        RANK=str(job.global_rank),
+        WORLD_SIZE=str(job.num_tasks),
+        LOCAL_RANK=str(job.local_rank),
+        LOCAL_WORLD_SIZE=str(job.num_tasks // job.num_nodes),
+        MASTER_ADDR=job.hostnames[0],
+        MASTER_PORT=str(port),
+    )
+    return job.global_rank
+
+
+def record_ready(run_dir: Path) -> Path:
+    """The marker rank 0 writes once this launch's run record is complete (one per job: a relaunch into the
+    same folder must not find the previous one)."""
+    import submitit
+
+    return Path(run_dir) / WORKERS_DIR / f"record_ready.{submitit.JobEnvironment().job_id}"
+
+
+def wait_for_record(run_dir: Path) -> None:
+    import time
+
+    marker, deadline = record_ready(run_dir), time.monotonic() + RUN_DIR_WAIT.total_seconds()
+    while not marker.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"rank 0 wrote no run record into {run_dir} within {RUN_DIR_WAIT}")
+        time.sleep(0.2)
 
 
 # ------------------------------------------------------------------------------------------- torchrun

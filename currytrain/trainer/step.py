@@ -46,6 +46,7 @@ def run_accumulated_step(
     grad_clip: float = 0.0,
     autocast_dtype: torch.dtype | None = None,
     measure_grads: bool = False,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> StepResult:
     """Forward+backward each microbatch with its loss scaled by 1/N, then clip and take one optimizer step.
 
@@ -65,11 +66,14 @@ def run_accumulated_step(
         with autocast:
             task_loss = loss_fn(model(inputs), targets)
             loss = task_loss + model.auxiliary_loss() if isinstance(model, HasAuxiliaryLoss) else task_loss
-        (loss / num_micro).backward()
+        # fp16: the loss is scaled up so that small gradients do not underflow; unscaled before clipping.
+        (scaler.scale(loss / num_micro) if scaler is not None else loss / num_micro).backward()
         # The reported loss is the task loss alone, so runs with and without auxiliary losses compare.
         total_loss += task_loss.detach() / num_micro
         num_tokens += targets.numel()
 
+    if scaler is not None:
+        scaler.unscale_(optimizer)
     # clip_grad_norm_ with an infinite bound measures the norm without changing the gradients.
     max_norm = grad_clip if grad_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
@@ -78,8 +82,12 @@ def run_accumulated_step(
     # One device-to-host copy per step: the finiteness check needs it anyway, so the loss rides along.
     loss_value, norm_value = torch.stack([total_loss, grad_norm.to(total_loss.dtype)]).tolist()
     skipped = not math.isfinite(norm_value)
-    if not skipped:
+    if not skipped and scaler is not None:
+        scaler.step(optimizer)
+    elif not skipped:
         optimizer.step()
+    if scaler is not None:
+        scaler.update()  # a skipped (overflowing) step lowers the scale
     held = grad_bytes(model) if measure_grads else None  # gradients are freed just below
     optimizer.zero_grad(set_to_none=True)
     return StepResult(loss=loss_value, grad_norm=norm_value, skipped=skipped, num_tokens=num_tokens, grad_bytes=held)

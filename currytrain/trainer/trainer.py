@@ -53,6 +53,8 @@ class Trainer:
         parts = components or build_components(cfg, self.state)
         self.data, self.model, self.optimizer, self.scheduler = parts.data, parts.model, parts.optimizer, parts.scheduler
         self.autocast_dtype = parts.autocast_dtype
+        # fp16 needs loss scaling (validation allows it on CUDA only); bf16 has fp32's range and needs none.
+        self.scaler = torch.amp.GradScaler(self.state.device.type) if self.cfg.precision == "fp16" else None
         self.train_state = TrainState(self.model, self.optimizer, self.scheduler, rank=self.state.rank)
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", self.cfg.keep_last, self.state.is_main)
         self.journal = Journal(self.run_dir / "journal.jsonl", enabled=self.state.is_main)
@@ -114,6 +116,7 @@ class Trainer:
             grad_clip=cfg.grad_clip,
             autocast_dtype=self.autocast_dtype,
             measure_grads=not self.memory_logged,
+            scaler=self.scaler,
         )
         if not self.memory_logged:
             self.log_memory(result.grad_bytes)
