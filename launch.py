@@ -3,6 +3,8 @@
     python launch.py                                   # debug GQA on the embedded corpus
     python launch.py model/size=tiny optimizer.lr=1e-3 # overrides
     python launch.py --cfg job                         # print the composed config
+    python launch.py parallel=fsdp parallel.nproc=2    # starts 2 workers itself
+    torchrun --nproc_per_node 2 launch.py parallel=ddp # rank 0 composes; the others read its run folder
 
 Jobs raise typed outcomes (currytrain.errors); currytrain.app turns them into exit codes:
 0 ok, 1 crash or failed run, 2 config error, 3 failed ladder gate, 4 abort.

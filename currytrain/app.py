@@ -8,6 +8,7 @@ Jobs raise typed outcomes (currytrain.errors); only run_app turns them into exit
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -49,10 +50,21 @@ def exit_code(hydra_code: int | str | None) -> int | str | None:
     return _outcomes[0].exit_code if _outcomes else 1
 
 
+def torchrun_follower() -> bool:
+    """A torchrun rank other than 0: it does not compose; it trains from rank 0's run folder."""
+    from currytrain.parallel.workers import under_torchrun
+
+    return under_torchrun() and int(os.environ["RANK"]) != 0
+
+
 def run_app(main: Callable[[], None]) -> None:
     """Run the `@hydra.main` function `main` and exit with the code of how it ended."""
     from currytrain.config import CONF_DIR, unknown_list_choices
 
+    if torchrun_follower():
+        from currytrain.parallel.workers import follow_rank_zero
+
+        sys.exit(follow_rank_zero())
     if problems := unknown_list_choices(sys.argv[1:], [Path(sys.argv[0]).resolve().parent / "conf", CONF_DIR]):
         print("\n".join(f"curryTrain: {problem}" for problem in problems), file=sys.stderr)
         sys.exit(EXIT_CONFIG_ERROR)

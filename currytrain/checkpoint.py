@@ -19,8 +19,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_model_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from currytrain.errors import ConfigError
 from currytrain.weights import MARKER, STEP_DIR, complete_checkpoints, is_complete
@@ -40,19 +41,61 @@ class TrainState(Stateful):
         """False while loading a checkpoint that has no RNG state for this rank (saved at a smaller world size)."""
 
     def state_dict(self) -> dict[str, Any]:
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
+            model_state, optim_state = get_model_state_dict(self.model), zero_optimizer_state(self.model, self.optimizer)
+        else:
+            model_state, optim_state = get_state_dict(self.model, self.optimizer)
         state = {"model": model_state, "optimizer": optim_state, "scheduler": self.scheduler.state_dict(), "step": self.step, "data_offset": self.data_offset}
         if self.with_rng:
             state["rng"] = {f"rank_{self.rank}": torch.get_rng_state()}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
+            set_model_state_dict(self.model, state["model"])
+            load_zero_optimizer_state(self.optimizer, state["optimizer"])
+        else:
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
         self.data_offset = int(state["data_offset"])
         if "rng" in state:
             torch.set_rng_state(state["rng"][f"rank_{self.rank}"])
+
+
+def zero_optimizer_state(model: torch.nn.Module, optimizer: ZeroRedundancyOptimizer) -> dict[str, Any]:
+    """A ZeRO-1 rank's optimizer state in get_state_dict's layout ({"state": {fqn: ...}, "param_groups"}),
+    holding only the parameters this rank owns; the ranks' states are disjoint, so together they are the
+    whole state and any other layout (ddp, fsdp, single) loads the checkpoint."""
+    _materialize_state(optimizer.optim)
+    names = {param: name for name, param in model.named_parameters()}
+    state = {names[param]: param_state for param, param_state in optimizer.optim.state.items()}
+    groups = [{**{k: v for k, v in group.items() if k != "params"}, "params": [names[p] for p in group["params"]]} for group in optimizer.param_groups]
+    return {"state": state, "param_groups": groups}
+
+
+def load_zero_optimizer_state(optimizer: ZeroRedundancyOptimizer, loaded: dict[str, Any]) -> None:
+    """DCP loaded the owned parameters' state in place (into the tensors zero_optimizer_state handed out);
+    only the groups' hyperparameters remain to set."""
+    for group, saved in zip(optimizer.param_groups, loaded["param_groups"]):
+        group.update({key: value for key, value in saved.items() if key != "params"})
+
+
+def _materialize_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create an optimizer's per-parameter state (a step at lr 0 on zero gradients changes no weight), so a
+    fresh optimizer has tensors for DCP to load into."""
+    if optimizer.state:
+        return
+    lrs = [group["lr"] for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+        for param in group["params"]:
+            param.grad = torch.zeros_like(param)
+    optimizer.step()
+    for group, lr in zip(optimizer.param_groups, lrs):
+        group["lr"] = lr
+        for param in group["params"]:
+            param.grad = None
 
 
 def _distributed() -> bool:

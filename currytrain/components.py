@@ -21,7 +21,7 @@ from currytrain.model import build_model
 from currytrain.optim.builders import build_scheduler
 from currytrain.parallel.state import ParallelState
 
-PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
@@ -46,8 +46,10 @@ def build_components(cfg: DictConfig, state: ParallelState) -> Components:
     allow_modules(cfg.build.allow)
     torch.manual_seed(cfg.seed)
     data = build(cfg.data)
-    model = build(cfg.parallel).apply(build_model(cfg.model), state, cfg.model)
-    optimizer = build(cfg.optimizer, exclude=["schedule"], model=model)
+    parallel = build(cfg.parallel)
+    model = parallel.apply(build_model(cfg.model), state, cfg.model)
+    # The optimizer sees the parallelized model (FSDP's sharded parameters); ZeRO-1 then wraps it.
+    optimizer = parallel.wrap_optimizer(build(cfg.optimizer, exclude=["schedule"], model=model), state)
     scheduler = build_scheduler(optimizer, cfg.optimizer.schedule, cfg.trainer.max_steps)
     return Components(cfg, state, data, model, optimizer, scheduler)
 

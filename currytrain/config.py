@@ -24,7 +24,7 @@ from currytrain.data.config import StdlibBytesConfig, SyntheticConfig, TextConfi
 from currytrain.logger.config import JsonlConfig, MLflowConfig, TensorBoardConfig, WandbConfig
 from currytrain.model.config import GQAConfig, MoEConfig, SpikingConfig
 from currytrain.optim.config import AdamWConfig, SGDConfig
-from currytrain.parallel.config import SingleConfig
+from currytrain.parallel.config import ParallelConfig
 from currytrain.sweep.config import NoSweepConfig
 from currytrain.trainer.config import TrainerConfig
 
@@ -32,7 +32,7 @@ from currytrain.trainer.config import TrainerConfig
 SCHEMAS: dict[str, dict[str, type]] = {
     "model": {"gqa": GQAConfig, "moe": MoEConfig, "spiking": SpikingConfig},
     "data": {"bytes": StdlibBytesConfig, "text": TextConfig, "synthetic": SyntheticConfig},
-    "parallel": {"single": SingleConfig},
+    "parallel": {name: ParallelConfig for name in ("single", "ddp", "zero1", "zero2", "fsdp", "hsdp")},
     "optimizer": {"adamw": AdamWConfig, "sgd": SGDConfig},
     "logger": {"tensorboard": TensorBoardConfig, "jsonl": JsonlConfig, "mlflow": MLflowConfig, "wandb": WandbConfig},
     "check": {"none": NoCheckConfig},

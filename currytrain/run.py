@@ -1,6 +1,8 @@
 """From a composed config to a finished run: write the run folder's record, then train.
 
 compose (Hydra) -> validate -> resolved.yaml + journal header -> worker(s) read resolved.yaml -> train.
+With parallel.nproc > 1 the workers are started here (currytrain.parallel.workers); under torchrun this is
+rank 0, which publishes the run folder to the other ranks.
 A job raises its outcome (currytrain.errors); launch.py alone turns it into an exit code.
 """
 
@@ -15,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from currytrain.errors import Aborted, ConfigError, Pruned
 from currytrain.journal import Journal, config_diff
+from currytrain.parallel.dims import launched_world_size
 from currytrain.validate import raise_on_problems, validate
 from currytrain.weights import RESOLVED
 
@@ -40,7 +43,8 @@ def write_run_record(cfg: DictConfig, run_dir: Path, overrides: list[str], cwd: 
     OmegaConf.save(OmegaConf.create(resolved), resolved_path)
     defaults = default_config()
     diff = config_diff(resolved, defaults) if defaults is not None else {}
-    Journal(run_dir / "journal.jsonl").header(seed=cfg.seed, world_size=cfg.parallel.nproc, overrides=overrides, diff=diff, cwd=cwd)
+    world_size = launched_world_size(cfg.parallel.nproc)
+    Journal(run_dir / "journal.jsonl").header(seed=cfg.seed, world_size=world_size, overrides=overrides, diff=diff, cwd=cwd)
     return resolved_path
 
 
@@ -49,14 +53,29 @@ def run(cfg: DictConfig) -> float:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from currytrain.parallel import workers
+
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    rank = workers.join_submitit_job() if workers.in_submitit_task() else 0  # before validation: it checks WORLD_SIZE
     if hydra_cfg.mode == RunMode.MULTIRUN:
         # A single run was validated by ValidateCallback.on_run_start; a multirun's jobs are composed
         # after on_multirun_start, each with its own swept values and folder, so each is checked here.
         # A bad job raises: the launcher records it and the other jobs still run.
         raise_on_problems(validate(cfg, str(run_dir)))
+    if workers.under_torchrun() and hydra_cfg.mode == RunMode.MULTIRUN:
+        raise ConfigError("-m under torchrun: every rank would run every job; run the sweep with launch.py alone (parallel.nproc=N starts the workers)")
+    if rank != 0:  # a submitit task of a multi-task job: rank 0 writes the record, this one trains from it
+        workers.wait_for_record(run_dir)
+        return run_worker(run_dir / RESOLVED)
     resolved_path = write_run_record(cfg, run_dir, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.cwd))
+    if workers.in_submitit_task():
+        workers.record_ready(run_dir).parent.mkdir(exist_ok=True)
+        workers.record_ready(run_dir).touch()
+    elif workers.under_torchrun():  # this is rank 0: the others train from this folder's record
+        workers.publish_run_dir(run_dir)
+    elif cfg.parallel.nproc > 1:
+        return workers.launch_workers(resolved_path, cfg.parallel.nproc)
     return run_worker(resolved_path)
 
 
@@ -75,9 +94,14 @@ def journal_outcome(journal: Journal, error: BaseException) -> None:
 def run_worker(resolved_path: Path) -> float:
     """A worker's whole job: read the resolved config written by the launcher, open the parallel session
     (process groups, device) once, and train inside it. Every way the run ends is journaled (rank 0)."""
+    import torch
+
     from currytrain.components import parallel_session
+    from currytrain.parallel.workers import worker_threads
     from currytrain.trainer.trainer import Trainer
 
+    if "LOCAL_WORLD_SIZE" in os.environ:  # several workers on this machine: share its cores
+        torch.set_num_threads(worker_threads())
     cfg = OmegaConf.load(resolved_path)
     run_dir = Path(resolved_path).parent
     journal = Journal(run_dir / "journal.jsonl", enabled=int(os.environ.get("RANK", "0")) == 0)

@@ -22,6 +22,8 @@ from currytrain.build import target_problems
 from currytrain.data.config import BYTE_VOCAB
 from currytrain.errors import ConfigError, ConfigRejected
 from currytrain.optim.config import AdamWConfig
+from currytrain.parallel.config import ParallelConfig
+from currytrain.parallel.dims import ParallelDims, launched_world_size
 from currytrain.weights import architecture_mismatch, model_node_of, resume_checkpoint
 
 
@@ -137,6 +139,22 @@ def _check_rollback(cfg: DictConfig) -> list[str]:
     return []
 
 
+def _check_batch_split(cfg: DictConfig) -> list[str]:
+    """The dp ranks split each global batch evenly (degrees that do not fit the world are reported by the parallel check)."""
+    if not _is(cfg.parallel, ParallelConfig) or cfg.parallel.nproc < 1:
+        return []
+    world = launched_world_size(cfg.parallel.nproc)
+    if ParallelDims.problems(cfg.parallel, "parallel", world):
+        return []
+    dp = ParallelDims.resolve(cfg.parallel, world).dp_size
+    batch = cfg.trainer.batch_size
+    if batch >= 1 and batch % dp:
+        return [
+            f"trainer.batch_size={batch} (the global batch) does not split evenly over {dp} data-parallel ranks: pass trainer.batch_size={max(dp, batch // dp * dp)}"
+        ]
+    return []
+
+
 def _check_memory(cfg: DictConfig) -> list[str]:
     """Refuse a run that cannot fit, with the estimate (currytrain/estimate.py) and what to change."""
     from currytrain.estimate import GiB, device_memory, estimate_memory
@@ -156,7 +174,7 @@ def _check_loggers(cfg: DictConfig) -> list[str]:
     return [] if cfg.logger else ["logger is empty: pass logger=[tensorboard,jsonl] (or at least one logger)"]
 
 
-CROSS_GROUP_CHECKS = (_check_model_and_data, _check_schedule, _check_init_from, _check_rollback, _check_loggers)
+CROSS_GROUP_CHECKS = (_check_model_and_data, _check_schedule, _check_init_from, _check_rollback, _check_batch_split, _check_loggers)
 
 
 def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:

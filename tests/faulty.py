@@ -46,3 +46,37 @@ class PoisonedGQA(GQATransformer):
             if self.calls == self.poison_at:
                 return logits * float("nan")
         return logits
+
+
+class RejectingLogger:
+    """A logger whose construction raises a ConfigError: a config problem only a worker can find (loggers
+    are built on rank 0 alone, so the other ranks wait for it in a collective)."""
+
+    def __init__(self, run_dir: str):
+        from currytrain.errors import ConfigError
+
+        raise ConfigError("logger.reject: this logger refuses every run: remove +logger.reject")
+
+
+class SlowLogger:
+    """A logger that sleeps `seconds` per log_metrics call: a run slow enough to be interrupted on cue."""
+
+    def __init__(self, run_dir: str, seconds: float = 0.1):
+        self.seconds = seconds
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        import time
+
+        time.sleep(self.seconds)
+
+    def log_config(self, config: Mapping) -> None:
+        pass
+
+    def log_text(self, name: str, text: str, step: int = 0) -> None:
+        pass
+
+    def log_histogram(self, name, values, step: int) -> None:
+        pass
+
+    def close(self, status: str = "finished") -> None:
+        pass

@@ -73,7 +73,7 @@ def test_compose_and_build_every_option(group, option, compose_cfg, tmp_path):
     assert inputs.shape == targets.shape == (2, cfg.data.seq_len)
     assert int(inputs.max()) < cfg.model.vocab_size
     assert isinstance(parts.optimizer, torch.optim.Optimizer)
-    assert build(cfg.parallel).nproc == 1
+    assert build(cfg.parallel).nproc == cfg.parallel.nproc
     for node in cfg.logger.values():
         logger = build(node, run_dir=str(tmp_path / "run"))
         logger.log_metrics({"x": 1.0}, step=1)

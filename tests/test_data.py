@@ -21,15 +21,27 @@ def test_stdlib_corpus_is_split_by_file_and_deterministic_given_the_seed():
     assert first.train_files[0].suffix == ".py" and "site-packages" not in first.train_files[0].parts
 
 
-def test_batches_are_a_pure_function_of_split_step_micro_and_rank():
+def test_batches_are_a_pure_function_of_split_step_and_micro():
     corpus = StdlibBytes(seq_len=16, max_bytes=100_000, seed=0)
     x, y = corpus.batch("train", step=5, micro=1, batch_size=4)
     x2, y2 = corpus.batch("train", step=5, micro=1, batch_size=4)
     assert torch.equal(x, x2) and torch.equal(y, y2)
     assert torch.equal(x[:, 1:], y[:, :-1]), "targets are the inputs shifted by one"
-    for other in (corpus.batch("train", 6, 1, 4), corpus.batch("train", 5, 0, 4), corpus.batch("train", 5, 1, 4, rank=1), corpus.batch("val", 5, 1, 4)):
+    for other in (corpus.batch("train", 6, 1, 4), corpus.batch("train", 5, 0, 4), corpus.batch("val", 5, 1, 4)):
         assert not torch.equal(x, other[0])
     assert x.dtype == torch.int64 and int(x.max()) < 256
+
+
+def test_data_parallel_ranks_split_one_global_batch():
+    """However many ranks share it, the global batch is the same sequences: each rank a disjoint slice."""
+    corpus = StdlibBytes(seq_len=16, max_bytes=100_000, seed=0)
+    whole, _ = corpus.batch("train", 3, 0, 8)
+    for num_ranks in (2, 4):
+        slices = [corpus.batch("train", 3, 0, 8, rank=rank, num_ranks=num_ranks)[0] for rank in range(num_ranks)]
+        assert all(len(part) == 8 // num_ranks for part in slices)
+        assert torch.equal(torch.cat(slices), whole)
+    with pytest.raises(ValueError, match="split evenly"):
+        corpus.batch("train", 3, 0, 6, rank=0, num_ranks=4)
 
 
 def test_text_files_from_folders_and_files(tmp_path):

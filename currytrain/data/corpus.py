@@ -1,7 +1,9 @@
 """Token corpora. Each holds a train and a val token stream and cuts batches from them.
 
-Batches are a pure function of (seed, split, step, microbatch, rank): no sampler state to save,
-so a resumed run sees exactly the batches the uninterrupted run would have seen.
+Batches are a pure function of (seed, split, step, microbatch): no sampler state to save, so a resumed
+run sees exactly the batches the uninterrupted run would have seen. Data-parallel ranks each take a
+disjoint, contiguous slice of that one global batch, so the batch (and the loss curve) does not depend on
+how many ranks share it.
 """
 
 from __future__ import annotations
@@ -34,11 +36,17 @@ class TokenCorpus:
         self.seq_len = seq_len
         self.seed = seed
 
-    def batch(self, split: str, step: int, micro: int, batch_size: int, rank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Inputs and next-token targets, each (batch_size, seq_len) int64."""
+    def batch(self, split: str, step: int, micro: int, batch_size: int, rank: int = 0, num_ranks: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and next-token targets of rank `rank`'s slice of the global batch of `batch_size` sequences,
+        each (batch_size // num_ranks, seq_len) int64."""
+        if not 0 <= rank < num_ranks or batch_size % num_ranks:
+            raise ValueError(f"rank {rank} of {num_ranks}: the global batch of {batch_size} sequences must split evenly")
         stream = self.train if split == "train" else self.val
-        generator = torch.Generator().manual_seed(stable_seed(self.seed, split, step, micro, rank))
+        # The trailing 0 keeps the batches of runs made before the batch was global (they seeded by rank 0).
+        generator = torch.Generator().manual_seed(stable_seed(self.seed, split, step, micro, 0))
         starts = torch.randint(len(stream) - self.seq_len - 1, (batch_size,), generator=generator)
+        share = batch_size // num_ranks
+        starts = starts[rank * share : (rank + 1) * share]
         offsets = torch.arange(self.seq_len + 1)
         windows = stream[starts[:, None] + offsets].long()
         return windows[:, :-1], windows[:, 1:]

@@ -1,21 +1,65 @@
-"""Typed configs of the parallel group (conf/parallel/)."""
+"""Typed config of the parallel group (conf/parallel/): one schema, the degrees of every mesh axis.
+
+Every option (single, ddp, zero1, zero2, fsdp, hsdp) is a preset of the same ParallelConfig, so axes
+compose instead of one class per strategy. The checks here are torch-free (they run at validation).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from currytrain.parallel.dims import ParallelDims, launched_world_size
+
+RUNTIMES = ("torch", "fabric")
+ZERO_STAGES = (0, 1, 2, 3)
+
 
 @dataclass
-class SingleConfig:
-    """One process on one device: no process group, no mesh."""
+class ParallelConfig:
+    """How many processes train, and how the model, its gradients and its optimizer state are split among them.
 
-    _target_: str = "currytrain.parallel.single.SingleDevice"
+    The degrees multiply to the world size (parallel.nproc, or WORLD_SIZE under torchrun / SLURM);
+    one of dp_replicate / dp_shard may be -1: it takes what the others leave.
+    """
+
+    _target_: str = "currytrain.parallel.strategy.Parallel"
     nproc: int = 1
-    """Worker processes launch.py starts; single runs exactly one."""
+    """Worker processes launch.py starts on this machine (ignored under torchrun/SLURM, which start them)."""
+    dp_replicate: int = 1
+    """Data-parallel replicas: each holds whole parameters (DDP, ZeRO-1; HSDP's outer axis). -1: the rest of the world."""
+    dp_shard: int = 1
+    """Data-parallel ranks that shard parameters/gradients between them (ZeRO-2/3, FSDP2). -1: the rest of the world."""
+    cp: int = 1
+    """Context-parallel degree (sequence split). Only 1 for now."""
+    tp: int = 1
+    """Tensor-parallel degree. Only 1 for now."""
+    pp: int = 1
+    """Pipeline-parallel stages. Only 1 for now."""
+    ep: int = 1
+    """Expert-parallel degree (MoE). Only 1 for now."""
+    zero_stage: int = 0
+    """What the data-parallel ranks split: 0 nothing (DDP), 1 optimizer state (ZeroRedundancyOptimizer),
+    2 + gradients (fully_shard, parameters kept gathered between forward and backward), 3 + parameters (FSDP)."""
+    runtime: str = "torch"
+    """torch (curryTrain's own loop over torch.distributed), or fabric (Lightning Fabric; not available yet)."""
+    backend: str = "auto"
+    """Process-group backend: auto (nccl on CUDA, gloo on CPU), gloo or nccl."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
-        if node.nproc != 1:
-            return [f"{path}.nproc={node.nproc}: parallel=single runs one process: pass {path}.nproc=1, or choose a multi-process strategy"]
-        return []
+        problems = [] if node.nproc >= 1 else [f"{path}.nproc={node.nproc} must be >= 1: pass {path}.nproc=1 (or the number of workers to start)"]
+        if node.zero_stage not in ZERO_STAGES:
+            problems.append(f"{path}.zero_stage={node.zero_stage} is not one of {list(ZERO_STAGES)}: pass parallel=ddp|zero1|zero2|fsdp")
+        if node.runtime not in RUNTIMES:
+            problems.append(f"{path}.runtime={node.runtime} is not one of {list(RUNTIMES)}: pass {path}.runtime=torch")
+        elif node.runtime == "fabric":
+            problems.append(
+                f"{path}.runtime=fabric: the Lightning Fabric runtime is not available in this version "
+                f"(and it runs only ddp on CPU, never fsdp/zero): pass {path}.runtime=torch"
+            )
+        if node.backend not in ("auto", "gloo", "nccl"):
+            problems.append(f"{path}.backend={node.backend} is not one of ['auto', 'gloo', 'nccl']: pass {path}.backend=auto")
+        if problems or node.nproc < 1:
+            return problems
+        return ParallelDims.problems(node, path, launched_world_size(node.nproc))

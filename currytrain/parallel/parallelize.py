@@ -37,19 +37,39 @@ MATMUL_OPS = [
 ]
 
 
-def parallelize_decoder(model: nn.Module, state: ParallelState, model_cfg: DictConfig) -> nn.Module:
+def parallelize_decoder(model: nn.Module, state: ParallelState, model_cfg: DictConfig, zero_stage: int = 0) -> nn.Module:
     """Apply parallelism to a decoder whose blocks are `model.layers`, in place; returns the model.
 
     state: which axes this job has (tensor/data parallel groups come from its mesh).
     model_cfg: the model sub-tree; its APPLIED_FROM_OUTSIDE fields (ac, ac_policy, ac_every) are read here.
+    zero_stage: 2 or 3 shard the parameters with FSDP2 over the data-parallel axes (0 and 1 leave them whole).
     """
     # 1. Tensor parallelism: shards each block's projections over the mesh's tp axis (lands with parallel=tp).
     # 2. Activation checkpointing: after TP so that recomputation replays the sharded ops; before compile
     #    and FSDP so that both see the checkpoint wrappers as the blocks.
     apply_ac(model, model_cfg.ac, model_cfg.ac_policy, model_cfg.ac_every)
     # 3. torch.compile per block (lands with trainer.compile).
-    # 4. FSDP: fully_shard per block, then the root (lands with parallel=fsdp).
+    # 4. FSDP: fully_shard per block, then the root.
+    if zero_stage >= 2 and state.mesh is not None:
+        apply_fsdp(model, state, reshard_after_forward=zero_stage == 3)
     return model
+
+
+def apply_fsdp(model: nn.Module, state: ParallelState, reshard_after_forward: bool) -> None:
+    """FSDP2 fully_shard on every block of `model.layers`, then on the root (embedding, final norm, output).
+
+    Sharded over dp_shard; with dp_replicate > 1 the 2-D mesh makes it HSDP (replicated across groups).
+    reshard_after_forward=False keeps each block's parameters gathered from its forward to its backward:
+    ZeRO-2 (only gradients and optimizer state stay sharded), one all-gather per step instead of two.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = state.view("shard")
+    for block in model.layers:
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    # The root's own group (embedding, norm, output) is used last in backward: no point resharding it.
+    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+    log.info("fully_shard: %d blocks + root over %s (reshard_after_forward=%s)", len(model.layers), tuple(mesh.shape), reshard_after_forward)
 
 
 def apply_ac(model: nn.Module, mode: str, policy: str = "block", every: int = 1) -> None:

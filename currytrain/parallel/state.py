@@ -1,14 +1,22 @@
 """ParallelState: who this process is in the job. The one object that answers rank and group questions.
 
-Later parallelisms add a DeviceMesh with named axes (pp, dp_replicate, dp_shard, cp, tp, ep); code
-asks this object for ranks and groups and never calls dist.new_group itself.
+It holds the job's DeviceMesh (built by ParallelDims, the only code that creates process groups) and hands
+out views of it by role: `batch` (the ranks that split each global batch) and `loss` (the ranks a loss or
+metric is averaged over). Both are the flattened data-parallel axes until context parallelism lands.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+import torch.distributed as dist
+
+from currytrain.parallel.dims import ParallelDims
+
+# Which mesh axis serves each role.
+ROLE_AXES = {"batch": "dp", "loss": "dp", "replicate": "dp_replicate", "shard": "fsdp"}
 
 
 @dataclass
@@ -17,21 +25,49 @@ class ParallelState:
     local_rank: int = 0
     world_size: int = 1
     device: torch.device = torch.device("cpu")
-    mesh: object | None = None
-    """torch DeviceMesh when the job has more than one axis; None for a single process."""
+    mesh: Any | None = None
+    """torch DeviceMesh with axes pp, dp_replicate, dp_shard, cp, tp (and the flattened dp); None for one process."""
+    dims: ParallelDims | None = None
+    """The resolved degrees of the mesh; None for one process without a process group."""
+    views: dict[str, Any] = field(default_factory=dict)
+    """Sub-meshes of `mesh` by name (each axis, dp, fsdp): see ParallelDims.build_mesh."""
 
     @property
     def is_main(self) -> bool:
         """Rank 0 writes the run folder's shared files (journal, logs, resolved config)."""
         return self.rank == 0
 
+    def view(self, role: str) -> Any:
+        """The mesh of the ranks that share `role`: batch, loss, replicate, or shard (what FSDP shards over,
+        2-D for HSDP); None without a mesh."""
+        return None if self.mesh is None else self.views[ROLE_AXES[role]]
+
     @property
     def dp_rank(self) -> int:
-        return self.rank if self.mesh is None else self.mesh.get_local_rank("dp")
+        """This process's slice of each global batch."""
+        return 0 if self.mesh is None else self.view("batch").get_local_rank()
 
     @property
     def dp_size(self) -> int:
-        return self.world_size if self.mesh is None else self.mesh.size("dp")
+        """How many slices each global batch is cut into."""
+        return 1 if self.mesh is None else self.view("batch").size()
+
+    def mean_over(self, role: str, value: torch.Tensor) -> torch.Tensor:
+        """`value` averaged over the ranks of `role` (every rank gets the mean); unchanged for one process."""
+        if self.mesh is None or self.view(role).size() == 1:
+            return value
+        total = value.detach().clone()
+        # gloo has no ReduceOp.AVG: sum, then divide.
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.view(role).get_group())
+        return total / self.view(role).size()
+
+    def gather(self, value: Any) -> list[Any]:
+        """`value` from every rank of the job, in rank order (a picklable object); [value] for one process."""
+        if self.mesh is None:
+            return [value]
+        values: list[Any] = [None] * self.world_size
+        dist.all_gather_object(values, value)
+        return values
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:

@@ -8,7 +8,7 @@ from typing import Any
 from currytrain.rules import at_least, one_of
 
 DEVICES = ("auto", "cpu", "cuda")
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 @dataclass
@@ -16,7 +16,7 @@ class TrainerConfig:
     max_steps: int = 300
     """Optimizer steps to run."""
     batch_size: int = 32
-    """Sequences per microbatch (per data-parallel rank)."""
+    """Sequences per microbatch, all data-parallel ranks together (each rank gets batch_size / dp ranks)."""
     grad_accum: int = 1
     """Microbatches per optimizer step; the loss of each is scaled by 1/grad_accum."""
     grad_clip: float = 1.0
@@ -39,7 +39,7 @@ class TrainerConfig:
     device: str = "auto"
     """auto (cuda when present, else cpu), cpu or cuda."""
     precision: str = "fp32"
-    """fp32, or bf16 (autocast; the weights and optimizer stay fp32)."""
+    """fp32, bf16 (autocast; the weights and optimizer stay fp32) or fp16 (autocast + loss scaling; CUDA only)."""
     progress: bool = True
     """Show the rich progress bar (step, loss, tokens/s, ETA)."""
 
@@ -51,9 +51,14 @@ class TrainerConfig:
         if not node.checkpoint_every >= 0:
             problems.append(f"{path}.checkpoint_every={node.checkpoint_every} must be >= 0 (0 saves only at the end): pass {path}.checkpoint_every=0")
         problems += one_of(node, path, "device", DEVICES) + one_of(node, path, "precision", PRECISIONS)
-        if node.device == "cuda":
+        if node.device == "cuda" or node.precision == "fp16":  # torch loads only when CUDA matters
             import torch
 
-            if not torch.cuda.is_available():
+            cuda = torch.cuda.is_available()
+            if node.device == "cuda" and not cuda:
                 problems.append(f"{path}.device=cuda but no CUDA device is visible: pass {path}.device=auto (or cpu)")
+            elif node.precision == "fp16" and (node.device == "cpu" or not cuda):
+                problems.append(
+                    f"{path}.precision=fp16 needs a CUDA device (its loss scaling is a GPU feature), and this run trains on the CPU: pass {path}.precision=bf16 (or fp32)"
+                )
         return problems

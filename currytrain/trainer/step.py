@@ -10,8 +10,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from currytrain.model.hooks import HasAuxiliaryLoss
+from currytrain.parallel.memory import grad_bytes
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -31,6 +33,8 @@ class StepResult:
     """True when the gradients were not finite and the optimizer step was skipped."""
     num_tokens: int
     """Target tokens processed in the step."""
+    grad_bytes: int | None = None
+    """Bytes of the gradients this rank held before the optimizer step (when measure_grads)."""
 
 
 def run_accumulated_step(
@@ -41,6 +45,8 @@ def run_accumulated_step(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = causal_lm_loss,
     grad_clip: float = 0.0,
     autocast_dtype: torch.dtype | None = None,
+    measure_grads: bool = False,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> StepResult:
     """Forward+backward each microbatch with its loss scaled by 1/N, then clip and take one optimizer step.
 
@@ -60,18 +66,28 @@ def run_accumulated_step(
         with autocast:
             task_loss = loss_fn(model(inputs), targets)
             loss = task_loss + model.auxiliary_loss() if isinstance(model, HasAuxiliaryLoss) else task_loss
-        (loss / num_micro).backward()
+        # fp16: the loss is scaled up so that small gradients do not underflow; unscaled before clipping.
+        (scaler.scale(loss / num_micro) if scaler is not None else loss / num_micro).backward()
         # The reported loss is the task loss alone, so runs with and without auxiliary losses compare.
         total_loss += task_loss.detach() / num_micro
         num_tokens += targets.numel()
 
+    if scaler is not None:
+        scaler.unscale_(optimizer)
     # clip_grad_norm_ with an infinite bound measures the norm without changing the gradients.
     max_norm = grad_clip if grad_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    if isinstance(grad_norm, DTensor):  # FSDP: each rank holds part of the norm; the whole is needed here
+        grad_norm = grad_norm.full_tensor()
     # One device-to-host copy per step: the finiteness check needs it anyway, so the loss rides along.
     loss_value, norm_value = torch.stack([total_loss, grad_norm.to(total_loss.dtype)]).tolist()
     skipped = not math.isfinite(norm_value)
-    if not skipped:
+    if not skipped and scaler is not None:
+        scaler.step(optimizer)
+    elif not skipped:
         optimizer.step()
+    if scaler is not None:
+        scaler.update()  # a skipped (overflowing) step lowers the scale
+    held = grad_bytes(model) if measure_grads else None  # gradients are freed just below
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss=loss_value, grad_norm=norm_value, skipped=skipped, num_tokens=num_tokens)
+    return StepResult(loss=loss_value, grad_norm=norm_value, skipped=skipped, num_tokens=num_tokens, grad_bytes=held)

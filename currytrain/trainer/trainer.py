@@ -20,6 +20,7 @@ from currytrain.errors import Aborted, ConfigError, Pruned, RunFailed
 from currytrain.journal import Journal
 from currytrain.logger.base import MultiLogger
 from currytrain.model.hooks import HasTrainingMetrics
+from currytrain.parallel.memory import optimizer_state_bytes, param_bytes
 from currytrain.parallel.state import ParallelState, resolve_device
 from currytrain.trainer.hooks import Action, Decision, StepHook, decide
 from currytrain.trainer.progress import Progress
@@ -56,13 +57,17 @@ class Trainer:
         parts = components or build_components(cfg, self.state)
         self.data, self.model, self.optimizer, self.scheduler = parts.data, parts.model, parts.optimizer, parts.scheduler
         self.autocast_dtype = parts.autocast_dtype
+        # fp16 needs loss scaling (validation allows it on CUDA only); bf16 has fp32's range and needs none.
+        self.scaler = torch.amp.GradScaler(self.state.device.type) if self.cfg.precision == "fp16" else None
         self.train_state = TrainState(self.model, self.optimizer, self.scheduler, rank=self.state.rank)
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", self.cfg.keep_last, self.state.is_main)
         self.journal = Journal(self.run_dir / "journal.jsonl", enabled=self.state.is_main)
         self.loggers = build_loggers(cfg.logger, self.run_dir, enabled=self.state.is_main)
         self.loggers.log_config(OmegaConf.to_container(cfg, resolve=True))
         self.hooks = list(hooks)
-        self.tokens_per_step = self.cfg.batch_size * self.cfg.grad_accum * self.data.seq_len * self.state.dp_size
+        self.memory_logged = False
+        # trainer.batch_size is the global batch: the dp ranks split it, so this does not depend on their number.
+        self.tokens_per_step = self.cfg.batch_size * self.cfg.grad_accum * self.data.seq_len
 
     @property
     def step(self) -> int:
@@ -110,7 +115,7 @@ class Trainer:
         tic = time.perf_counter()
         # 1. forward/backward over the microbatches, 2. clip, 3. finiteness check, 4. optimizer step
         data_step = step + self.train_state.data_offset  # past the batches of rolled-back steps
-        microbatches = [self.data.batch("train", data_step, micro, cfg.batch_size, rank=self.state.dp_rank) for micro in range(cfg.grad_accum)]
+        microbatches = [self.batch("train", data_step, micro) for micro in range(cfg.grad_accum)]
         result = run_accumulated_step(
             self.model,
             self.optimizer,
@@ -118,15 +123,21 @@ class Trainer:
             loss_fn=causal_lm_loss,
             grad_clip=cfg.grad_clip,
             autocast_dtype=self.autocast_dtype,
+            measure_grads=not self.memory_logged,
+            scaler=self.scaler,
         )
+        if not self.memory_logged:
+            self.log_memory(result.grad_bytes)
+        # Each rank's loss is over its slice; the mean over the dp ranks is the global batch's loss.
+        loss = self.state.mean_over("loss", torch.tensor(result.loss, device=self.state.device)).item()
         if result.skipped:
-            self.journal.event("skip_step", step=step, loss=result.loss, grad_norm=result.grad_norm)
+            self.journal.event("skip_step", step=step, loss=loss, grad_norm=result.grad_norm)
         # 5. scheduler step
         lr = self.optimizer.param_groups[0]["lr"]
         self.scheduler.step()
         seconds = time.perf_counter() - tic
         metrics = {
-            "train/loss": result.loss,
+            "train/loss": loss,
             "train/grad_norm": result.grad_norm,
             "train/lr": lr,
             "train/tokens_per_s": self.tokens_per_step / seconds,
@@ -149,6 +160,19 @@ class Trainer:
         # 8. hooks: abort conditions, sweep pruning, ladder probes
         self.act_on(decide(self.hooks, step, metrics))
         return metrics
+
+    def log_memory(self, grads: int | None) -> None:
+        """Once per run, after its first step: every rank's bytes of parameters, gradients and optimizer
+        state (what each strategy shards shows here), journaled by rank 0 and sent to the loggers."""
+        mine = {"params": param_bytes(self.model), "grads": grads or 0, "optimizer": optimizer_state_bytes(self.optimizer)}
+        ranks = self.state.gather(mine)
+        self.journal.event("memory", step=self.step, ranks=ranks)
+        self.loggers.log_metrics({f"memory/{key}_bytes": float(value) for key, value in mine.items()}, self.step)
+        self.memory_logged = True
+
+    def batch(self, split: str, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's slice of the global batch (trainer.batch_size sequences) of `step`."""
+        return self.data.batch(split, step, micro, self.cfg.batch_size, rank=self.state.dp_rank, num_ranks=self.state.dp_size)
 
     def act_on(self, decision: Decision) -> None:
         if decision.action is Action.STOP:
@@ -181,12 +205,12 @@ class Trainer:
         self.model.eval()
         losses = []
         for index in range(self.cfg.eval_batches):
-            inputs, targets = self.data.batch("val", 0, index, self.cfg.batch_size, rank=self.state.dp_rank)
+            inputs, targets = self.batch("val", 0, index)
             inputs, targets = inputs.to(self.state.device), targets.to(self.state.device)
             with torch.autocast(self.state.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
                 losses.append(causal_lm_loss(self.model(inputs), targets).item())
         self.model.train()
-        val_loss = sum(losses) / len(losses)
+        val_loss = self.state.mean_over("loss", torch.tensor(sum(losses) / len(losses), device=self.state.device)).item()
         self.loggers.log_metrics({"val/loss": val_loss, "val/bits_per_token": val_loss / math.log(2)}, self.step)
         self.journal.event("eval", step=self.step, val_loss=val_loss)
         log.info("step %d: val loss %.4f", self.step, val_loss)

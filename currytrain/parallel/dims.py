@@ -1,0 +1,93 @@
+"""ParallelDims: the degrees of every device-mesh axis as data, checked against the world size.
+
+The one place that creates process groups (through init_device_mesh) and hands out mesh views by role.
+Torch-free to import: validation uses the checks before any process group exists.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+# Mesh axes, outermost first (torchtitan's order). Only the data-parallel ones may exceed 1 for now.
+AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+DP_AXES = ("dp_replicate", "dp_shard")
+MODEL_AXES = ("cp", "tp", "pp", "ep")
+
+
+def launched_world_size(nproc: int) -> int:
+    """The world this run will have: WORLD_SIZE when torchrun/SLURM started the process, else parallel.nproc."""
+    return int(os.environ.get("WORLD_SIZE", nproc))
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """Resolved degrees (no -1 left) of one job; their product is the world size."""
+
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+    tp: int
+    pp: int
+    ep: int
+    world_size: int
+
+    @staticmethod
+    def problems(node: Any, path: str, world_size: int) -> list[str]:
+        """Every problem of the degrees in `node` (a parallel config) for a job of `world_size` processes."""
+        problems = []
+        for axis in MODEL_AXES:
+            if node[axis] != 1:
+                problems.append(f"{path}.{axis}={node[axis]}: model-parallel axes are not supported yet (only data parallelism): pass {path}.{axis}=1")
+        for axis in DP_AXES:
+            if node[axis] < 1 and node[axis] != -1:
+                problems.append(f"{path}.{axis}={node[axis]} must be >= 1, or -1 for the rest of the world: pass {path}.{axis}=-1")
+        if node.dp_replicate == node.dp_shard == -1:
+            problems.append(f"{path}.dp_replicate and {path}.dp_shard are both -1: set one of them, e.g. {path}.dp_replicate=1")
+        if node.zero_stage in (0, 1) and node.dp_shard != 1:
+            problems.append(
+                f"{path}.zero_stage={node.zero_stage} replicates the model on every data-parallel rank, so {path}.dp_shard={node.dp_shard} has nothing to shard: "
+                f"pass {path}.dp_shard=1 {path}.dp_replicate=-1, or {path}.zero_stage=3 (fsdp/hsdp)"
+            )
+        if problems:
+            return problems
+        fixed = math.prod(max(node[axis], 1) for axis in (*DP_AXES, "cp", "tp", "pp"))
+        where = f"the world size is {world_size} ({'WORLD_SIZE' if 'WORLD_SIZE' in os.environ else f'{path}.nproc={node.nproc}'})"
+        degrees = " x ".join(f"{path}.{axis}={node[axis]}" for axis in DP_AXES)
+        if -1 in (node.dp_replicate, node.dp_shard):
+            if world_size % fixed:
+                return [f"{degrees} cannot fill the world: {where}, which {fixed} does not divide: pass {path}.nproc={fixed} (or a multiple)"]
+        elif fixed != world_size:
+            return [f"{degrees} = {fixed} processes, but {where}: pass {path}.nproc={fixed}, or degrees whose product is {world_size}"]
+        return []
+
+    @classmethod
+    def resolve(cls, node: Any, world_size: int) -> ParallelDims:
+        """The degrees of `node` with its -1 filled in; call after problems() came back empty."""
+        degrees = {axis: int(node[axis]) for axis in (*DP_AXES, *MODEL_AXES)}
+        rest = world_size // math.prod(max(value, 1) for axis, value in degrees.items() if axis != "ep")
+        degrees = {axis: rest if value == -1 else value for axis, value in degrees.items()}
+        return cls(world_size=world_size, **degrees)
+
+    @property
+    def dp_size(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    def build_mesh(self, device_type: str) -> tuple[Any, dict[str, Any]]:
+        """The job's one DeviceMesh (axes pp, dp_replicate, dp_shard, cp, tp) and its views by name: each
+        axis, `dp` (both data-parallel axes flattened) and `fsdp` (what fully_shard shards over).
+
+        init_device_mesh creates every process group the job uses; nothing else calls dist.new_group.
+        """
+        from torch.distributed.device_mesh import init_device_mesh
+
+        shape = tuple(getattr(self, axis) for axis in AXES)
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=AXES)
+        views = {axis: mesh[axis] for axis in AXES}
+        # The batch is split over both data-parallel axes together; losses are averaged over the same ranks.
+        views["dp"] = mesh[DP_AXES]._flatten("dp")
+        # dp_shard alone is FSDP; with replicas too the 2-D view makes fully_shard HSDP.
+        views["fsdp"] = mesh[DP_AXES] if self.dp_replicate > 1 else mesh["dp_shard"]
+        return mesh, views

@@ -1,0 +1,96 @@
+"""Parallel: the one class every conf/parallel/*.yaml builds. It opens this process's place in the job
+(process group + mesh -> ParallelState), parallelizes the model, and wraps the optimizer for ZeRO-1.
+
+    zero_stage 0 (ddp)    gradients all-reduced (torch's DDP, applied in place via composable replicate)
+    zero_stage 1 (zero1)  DDP + ZeroRedundancyOptimizer: each rank keeps the optimizer state of its params
+    zero_stage 2 (zero2)  FSDP2 fully_shard, parameters stay gathered from forward to backward
+    zero_stage 3 (fsdp)   FSDP2 fully_shard, parameters resharded after forward (hsdp: over dp_shard,
+                          replicated over dp_replicate)
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+from torch import nn
+
+from currytrain.errors import ConfigError
+from currytrain.parallel.dims import ParallelDims
+from currytrain.parallel.parallelize import parallelize_decoder
+from currytrain.parallel.state import ParallelState, resolve_device
+from currytrain.validate import format_problems
+
+log = logging.getLogger(__name__)
+
+
+class Parallel:
+    def __init__(self, nproc: int = 1, dp_replicate: int = 1, dp_shard: int = 1, cp: int = 1, tp: int = 1, pp: int = 1, ep: int = 1, **how: Any):
+        self.nproc = nproc
+        self.degrees = {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "cp": cp, "tp": tp, "pp": pp, "ep": ep}
+        self.zero_stage: int = how.get("zero_stage", 0)
+        self.runtime: str = how.get("runtime", "torch")
+        self.backend: str = how.get("backend", "auto")
+        self._owns_group = False
+
+    def setup(self, device: str) -> ParallelState:
+        """Join the job (WORLD_SIZE/RANK/LOCAL_RANK from the launcher; one process without them)."""
+        world, rank, local_rank = (int(os.environ.get(key, default)) for key, default in (("WORLD_SIZE", 1), ("RANK", 0), ("LOCAL_RANK", 0)))
+        torch_device = resolve_device(device, local_rank)
+        if world == 1 and self.zero_stage == 0:
+            return ParallelState(device=torch_device)  # one replica: nothing to all-reduce, no group needed
+        node = DictConfig({**self.degrees, "zero_stage": self.zero_stage, "nproc": self.nproc})
+        problems = ParallelDims.problems(node, "parallel", world)
+        if problems:
+            raise ConfigError(format_problems(problems))
+        if torch_device.type == "cuda":
+            torch.cuda.set_device(torch_device)
+        self._init_process_group(torch_device, world)
+        dims = ParallelDims.resolve(node, world)
+        mesh, views = dims.build_mesh(torch_device.type)
+        state = ParallelState(rank=rank, local_rank=local_rank, world_size=world, device=torch_device, mesh=mesh, dims=dims, views=views)
+        log.info("parallel: world %d, dp_replicate=%d x dp_shard=%d, zero_stage=%d", world, dims.dp_replicate, dims.dp_shard, self.zero_stage)
+        return state
+
+    def _init_process_group(self, device: torch.device, world: int) -> None:
+        if dist.is_initialized():
+            return
+        backend = self.backend if self.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+        if world == 1 and "MASTER_ADDR" not in os.environ:  # a one-process job needs no rendezvous
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        else:
+            dist.init_process_group(backend)  # env:// from torchrun, launch.py's workers or SLURM
+        self._owns_group = True
+
+    def apply(self, model: nn.Module, state: ParallelState, model_cfg: DictConfig) -> nn.Module:
+        """Move the model to this process's device, then parallelize it (TP, AC, compile, FSDP in that order);
+        DDP (zero_stage 0/1) last, in place, so the model keeps its class and its state-dict keys."""
+        model = parallelize_decoder(model.to(state.device), state, model_cfg, zero_stage=self.zero_stage)
+        if state.mesh is not None and self.zero_stage < 2:
+            from torch.distributed._composable.replicate import replicate
+
+            replicate(model, process_group=state.view("batch").get_group())
+        return model
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer, state: ParallelState) -> torch.optim.Optimizer:
+        """ZeRO-1: rebuild the optimizer as a ZeroRedundancyOptimizer over the same param groups, so each dp
+        rank keeps (and updates) the state of its share of the parameters only."""
+        if self.zero_stage != 1 or state.mesh is None:
+            return optimizer
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        kind = type(optimizer)
+        accepted = inspect.signature(kind.__init__).parameters
+        defaults = {key: value for key, value in optimizer.defaults.items() if key in accepted}
+        groups = [{**group, "params": list(group["params"])} for group in optimizer.param_groups]
+        return ZeroRedundancyOptimizer(groups, optimizer_class=kind, process_group=state.view("batch").get_group(), **defaults)
+
+    def teardown(self) -> None:
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self._owns_group = False

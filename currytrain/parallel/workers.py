@@ -1,0 +1,243 @@
+"""Starting a run's worker processes, and agreeing on one run folder whoever started them.
+
+- `parallel.nproc=N`: launch.py composes once, writes the run record, then starts N workers through torch's
+  elastic agent (elastic_launch, the API behind torchrun); each runs run_worker(resolved.yaml). Their
+  stdout/stderr go to <run>/workers/rank_<r>.{stdout,stderr} (rank 0's is also shown). A worker that
+  fails or is killed stops the others; the launcher journals which rank and how, and raises its outcome.
+- SLURM (or submitit_local) through hydra-submitit-launcher with tasks_per_node = parallel.nproc: every
+  task runs the Hydra job; ranks, world size and the master address come from submitit's JobEnvironment.
+  Rank 0 writes the record, the others wait for it, and all train together.
+- The user's own `torchrun --nproc_per_node N launch.py ...`: rank 0 runs Hydra and writes the record, then
+  publishes the run folder in torchrun's store; the other ranks never compose: they wait for that folder
+  and read its resolved.yaml (Hydra's ${now:} would give each process its own folder).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from currytrain.errors import Aborted, ConfigError, GateFailed, Outcome, Pruned, RunFailed, exit_code_of
+from currytrain.journal import Journal
+from currytrain.weights import RESOLVED
+
+log = logging.getLogger(__name__)
+
+WORKERS_DIR = "workers"
+OUTCOMES = {cls.__name__: cls for cls in (ConfigError, RunFailed, GateFailed, Aborted, Pruned)}
+RUN_DIR_WAIT = timedelta(minutes=30)
+"""How long torchrun's other ranks wait for rank 0 to compose and write the run record."""
+
+
+def under_torchrun() -> bool:
+    """True in a process torchrun (or another elastic agent) started with launch.py as its script."""
+    return "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ
+
+
+def worker_threads() -> int:
+    """torch threads per worker: the cores this process may use, shared by the workers of this machine."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+# ------------------------------------------------------------------------------------- parallel.nproc=N
+
+
+def launch_workers(resolved_path: Path, nproc: int) -> float:
+    """Run `nproc` workers on this machine and return rank 0's final val loss; raise the failed rank's outcome."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    run_dir = Path(resolved_path).parent
+    # The agent would log each failed worker's traceback again; it is in workers/rank_<r>.stderr already,
+    # and the launcher journals the failure and raises its outcome (one message on the console).
+    for name in ("torch.distributed.elastic", "torch.multiprocessing.spawn"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=f"currytrain-{os.getpid()}",
+        role="rank",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",  # a free port, as `torchrun --standalone` picks
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+        shutdown_timeout=1,  # after one worker failed, the others get 1 s to exit before SIGKILL
+        logs_specs=_run_folder_logs(run_dir / WORKERS_DIR),
+    )
+    try:
+        results = elastic_launch(config, worker_entry)(str(resolved_path))
+    except ChildFailedError as error:
+        raise _outcome_of(run_dir, error.failures) from None
+    return results[0]
+
+
+def _run_folder_logs(folder: Path) -> Any:
+    from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs, Std
+
+    class RunFolderLogs(LogsSpecs):
+        """Each worker's stdout/stderr as workers/rank_<r>.{stdout,stderr}; rank 0's shown on the console,
+        the other ranks' stderr too (warnings and errors)."""
+
+        def __init__(self) -> None:
+            super().__init__(log_dir=str(folder), redirects=Std.ALL)
+
+        @property
+        def root_log_dir(self) -> str:
+            return str(folder)
+
+        def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+            folder.mkdir(parents=True, exist_ok=True)
+            ranks = range(len(envs))
+            name = {rank: str(folder / f"rank_{envs[rank].get('RANK', rank)}") for rank in ranks}
+            return LogsDest(
+                stdouts={rank: f"{name[rank]}.stdout" for rank in ranks},
+                stderrs={rank: f"{name[rank]}.stderr" for rank in ranks},
+                tee_stdouts={0: f"{name[0]}.stdout"},
+                tee_stderrs={rank: f"{name[rank]}.stderr" for rank in ranks},
+                error_files={rank: f"{name[rank]}.error.json" for rank in ranks},
+            )
+
+    return RunFolderLogs()
+
+
+def worker_entry(resolved_path: str) -> float:
+    """What each worker process runs (module level, so the spawn start method can import it)."""
+    from currytrain.run import run_worker
+
+    rank = int(os.environ["RANK"])
+    # When a peer fails, the agent stops this worker with SIGTERM, perhaps while it waits inside a gloo
+    # collective for the dead peer: the default action ends it there (a Python handler would wait).
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    print(f"curryTrain worker rank {rank} pid {os.getpid()}", flush=True)
+    try:
+        return run_worker(Path(resolved_path))  # run_worker journals how the run ended (rank 0)
+    except BaseException as error:
+        _leave(error, Path(resolved_path).parent / WORKERS_DIR / f"rank_{rank}.outcome.json")
+
+
+def _leave(error: BaseException, outcome_file: Path) -> None:
+    """End a failed worker now. A typed outcome is left for the launcher to raise again (a config error still
+    exits 2). The process exits without interpreter teardown: with a peer gone, tearing down torch and the
+    process group can take seconds, and the agent stops the other workers only once this one is gone."""
+    if isinstance(error, Outcome):
+        outcome_file.write_text(json.dumps({"error": type(error).__name__, "message": str(error)}))
+    traceback.print_exception(error)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code_of(error))
+
+
+def _outcome_of(run_dir: Path, failures: dict[int, Any]) -> Outcome:
+    """Journal the failed ranks; the outcome to raise is the first failure's (a signal before the errors
+    it caused in the other ranks), or, if a rank raised a typed outcome, the earliest such one."""
+    order = sorted(failures, key=lambda rank: (failures[rank].timestamp, failures[rank].exitcode >= 0, rank))
+    first = order[0]
+    fields = {rank: {"exitcode": failures[rank].exitcode, "signal": failures[rank].signal_name(), "pid": failures[rank].pid} for rank in order}
+    journal = Journal(run_dir / "journal.jsonl")
+    stderr = run_dir / WORKERS_DIR / f"rank_{first}.stderr"
+    journal.event("worker_failed", rank=first, how=_how(failures[first]), failures=fields, stderr=str(stderr))
+    for rank in order:
+        outcome_file = run_dir / WORKERS_DIR / f"rank_{rank}.outcome.json"
+        if outcome_file.exists():
+            record = json.loads(outcome_file.read_text())
+            return OUTCOMES.get(record["error"], RunFailed)(record["message"])
+    return RunFailed(f"worker rank {first} {_how(failures[first])}, so the run stopped: see {stderr}")
+
+
+def _how(failure: Any) -> str:
+    if failure.exitcode < 0:
+        return f"was killed by {failure.signal_name()}"
+    return f"exited with code {failure.exitcode}"
+
+
+# -------------------------------------------------------------------------------------------- submitit
+
+
+def in_submitit_task() -> bool:
+    """True inside a job that submitit (SLURM or its local executor) started with more than one task."""
+    if not os.environ.get("SUBMITIT_EXECUTOR"):
+        return False
+    import submitit
+
+    return submitit.JobEnvironment().num_tasks > 1
+
+
+def join_submitit_job() -> int:
+    """Set the env:// rendezvous variables torch.distributed reads from submitit's view of the job, and return
+    this task's rank. Tasks of one job share its id, so the port (derived from it) agrees without talking."""
+    import submitit
+
+    job = submitit.JobEnvironment()
+    port = 20000 + int.from_bytes(job.job_id.encode()[-8:].rjust(8, b"0"), "little") % 20000
+    os.environ.update(
+        RANK=str(job.global_rank),
+        WORLD_SIZE=str(job.num_tasks),
+        LOCAL_RANK=str(job.local_rank),
+        LOCAL_WORLD_SIZE=str(job.num_tasks // job.num_nodes),
+        MASTER_ADDR=job.hostnames[0],
+        MASTER_PORT=str(port),
+    )
+    return job.global_rank
+
+
+def record_ready(run_dir: Path) -> Path:
+    """The marker rank 0 writes once this launch's run record is complete (one per job: a relaunch into the
+    same folder must not find the previous one)."""
+    import submitit
+
+    return Path(run_dir) / WORKERS_DIR / f"record_ready.{submitit.JobEnvironment().job_id}"
+
+
+def wait_for_record(run_dir: Path) -> None:
+    import time
+
+    marker, deadline = record_ready(run_dir), time.monotonic() + RUN_DIR_WAIT.total_seconds()
+    while not marker.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"rank 0 wrote no run record into {run_dir} within {RUN_DIR_WAIT}")
+        time.sleep(0.2)
+
+
+# ------------------------------------------------------------------------------------------- torchrun
+
+
+def _agent_store() -> Any:
+    import torch.distributed as dist
+
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=RUN_DIR_WAIT)
+
+
+def _run_dir_key() -> str:
+    return f"currytrain/run_dir/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def publish_run_dir(run_dir: Path) -> None:
+    """Rank 0, once the run record is written: tell the other ranks where it is."""
+    _agent_store().set(_run_dir_key(), str(Path(run_dir).resolve()))
+
+
+def follow_rank_zero() -> int:
+    """A torchrun rank other than 0: wait for rank 0's run folder, train from its resolved.yaml, and
+    return this process's exit code (the outcome's, 1 for a crash)."""
+    from currytrain.run import run_worker
+
+    run_dir = Path(_agent_store().get(_run_dir_key()).decode())
+    try:
+        run_worker(run_dir / RESOLVED)
+    except Outcome as outcome:
+        print(outcome, file=sys.stderr)
+        return outcome.exit_code
+    except Exception:
+        traceback.print_exc()
+        return 1
+    return 0
