@@ -19,7 +19,7 @@ from currytrain.logger.config import JsonlConfig, TensorBoardConfig
 from currytrain.model.config import GQAConfig, MoEConfig, SpikingConfig
 from currytrain.optim.config import AdamWConfig, SGDConfig
 from currytrain.parallel.config import SingleConfig
-from currytrain.sweep.config import NoSweepConfig
+from currytrain.sweep.config import SWEEP_PRESETS, NoSweepConfig, OptunaSweepConfig
 from currytrain.trainer.config import TrainerConfig
 
 # group -> option name -> schema. The YAML option <group>/<name>.yaml extends /schema/<group>/<name>.
@@ -30,7 +30,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "optimizer": {"adamw": AdamWConfig, "sgd": SGDConfig},
     "logger": {"tensorboard": TensorBoardConfig, "jsonl": JsonlConfig},
     "check": {"none": NoCheckConfig},
-    "sweep": {"none": NoSweepConfig},
+    "sweep": {"none": NoSweepConfig, **{name: OptunaSweepConfig for name in SWEEP_PRESETS}},
     "abort": {"none": NoAbortConfig},
 }
 
