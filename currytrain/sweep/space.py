@@ -7,6 +7,7 @@ casts (`int(interval(1, 8))`) mean what they mean on Hydra's command line. Unlik
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,10 +75,11 @@ def _range(key: str, value: Any) -> Dimension:
     start, stop, step = value.start, value.stop, value.step
     if not step or (stop - start) / step <= 0:
         raise ValueError(f"range({start}, {stop}, {step}) holds no value (stop is excluded, as in Python)")
-    count = -(-(stop - start) // step)  # ceil: the values start, start+step, ... below stop
-    last = start + (int(count) - 1) * step
+    # The values start, start+step, ... strictly below stop; the tolerance keeps float steps (0.1) exact.
+    count = math.ceil((stop - start) / step - 1e-9)
+    last = start + (count - 1) * step
     if value.shuffle:
-        return Dimension("categorical", choices=tuple(start + index * step for index in range(int(count))))
+        return Dimension("categorical", choices=tuple(start + index * step for index in range(count)))
     is_int = all(isinstance(v, int) for v in (start, stop, step))
     return Dimension("int" if is_int else "float", start, last, step=step)
 

@@ -13,6 +13,8 @@ class CurryTrainSweeperConf:
     """hydra.sweeper: every key left null is taken from the `sweep` node (currytrain/sweep/config.py)."""
 
     _target_: str = "hydra_plugins.currytrain_sweeper.sweeper.CurryTrainSweeper"
+    _recursive_: bool = False
+    """Hydra must not build the sampler and pruner nodes: the sweeper checks and builds them (allow-list)."""
     sampler: Any = None
     """An Optuna sampler node (_target_ in optuna.samplers, seed, ...)."""
     direction: Any = None
@@ -47,7 +49,7 @@ class CurryTrainSweeperConf:
 class OptunaCompatConf(CurryTrainSweeperConf):
     """hydra/sweeper=optuna: hydra-optuna-sweeper 1.3's defaults (TPE, minimize, 20 trials, 2 jobs)."""
 
-    defaults: list[Any] = field(default_factory=lambda: [{"sampler": "tpe"}])
+    defaults: list[Any] = field(default_factory=lambda: ["_self_", {"sampler": "tpe"}])  # the sampler option fills sampler: null
     direction: Any = "minimize"
     n_trials: Any = 20
     n_jobs: Any = 2
