@@ -117,9 +117,16 @@ def check(settings: dict[str, Any], paths: dict[str, str], arguments: Sequence[s
     return space
 
 
-def fingerprint(space: SearchSpace) -> dict[str, Any]:
-    """What a resumed study must share with the command that created it."""
-    return {"dimensions": {k: repr(v) for k, v in sorted(space.dimensions.items())}, "fixed": dict(sorted(space.fixed.items()))}
+def fingerprint(space: SearchSpace) -> dict[str, str]:
+    """What a resumed study must share with the command that created it: the space and the fixed overrides,
+    except the sweep's own settings (a rerun may raise sweep.n_trials)."""
+    swept = {key: repr(dim) for key, dim in space.dimensions.items()}
+    fixed = {key: value for key, value in space.fixed.items() if key != "sweep" and not key.startswith("sweep.")}
+    return dict(sorted({**swept, **fixed}.items()))
+
+
+def _differences(before: dict[str, str], now: dict[str, str]) -> list[str]:
+    return [f"{key}: {before.get(key, '(unset)')} -> {now.get(key, '(unset)')}" for key in sorted(set(before) | set(now)) if before.get(key) != now.get(key)]
 
 
 class SweepLoop:
@@ -156,9 +163,10 @@ class SweepLoop:
         if theirs is None:
             study.set_user_attr("fingerprint", mine)
         elif theirs != mine or self._names(study) != self.directions:
+            changed = _differences(theirs, mine) or [f"direction: {self._names(study)} -> {self.directions}"]
             raise ConfigError(
-                f"the study {study.study_name} in {uri} was created by a sweep over another space or other fixed overrides "
-                f"({theirs} vs now {mine}): pass sweep.study_name=<new name> or hydra.sweep.dir=<another folder> to start a new study"
+                f"the study {study.study_name} in {uri} was created by another sweep ({'; '.join(changed)}): rerun its command to "
+                "resume it, or pass sweep.study_name=<new name> or hydra.sweep.dir=<another folder> to start a new study"
             )
 
     @staticmethod

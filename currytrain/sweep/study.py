@@ -132,7 +132,13 @@ def tell(study: Any, trial_number: int, outcome: Outcome) -> None:
     if outcome.reason:
         study._storage.set_trial_user_attr(trial_id, "reason", outcome.reason[:2000])
     state = TrialState[outcome.state]
-    study.tell(trial_number, state=state, values=outcome.values if state == TrialState.COMPLETE else None, skip_if_finished=True)
+    try:
+        study.tell(trial_number, state=state, values=outcome.values if state == TrialState.COMPLETE else None, skip_if_finished=True)
+    except RuntimeError as error:
+        # GridSampler asks the study to stop once its grid is walked, which Optuna allows only inside
+        # study.optimize(); the trial is stored before that (the sweep loop stops at the grid's size itself).
+        if "Study.stop" not in str(error):
+            raise
 
 
 def counted(study: Any) -> int:
