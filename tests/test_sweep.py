@@ -137,6 +137,37 @@ def test_pruning_hook_reports_and_prunes_through_real_storage(tmp_path, monkeypa
     assert study.trials[second.number].intermediate_values == {2: 0.95, 4: 5.0}  # the best (0.95) is worse than 0.9
 
 
+@pytest.mark.parametrize("mode", ["fail", "requeue"])
+def test_trials_a_killed_sweeper_left_running_are_recovered_from_their_journals(tmp_path, mode):
+    from currytrain.journal import Journal
+    from currytrain.sweep.study import counted, recover_interrupted
+
+    study = optuna.create_study(study_name="s", storage=open_storage(f"sqlite:///{tmp_path / 'optuna.db'}"))
+    endings = {
+        0: ("finish", {"step": 6, "val_loss": 2.5, "seconds": 1.0}),
+        1: ("pruned", {"message": "pruned at step 3"}),
+        2: ("failure", {"message": "boom"}),
+        3: None,
+    }
+    space = {"lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)}
+    for number, ending in endings.items():
+        trial = study.ask(space)
+        trial.set_user_attr("run_dir", str(tmp_path / str(number)))
+        journal = Journal(tmp_path / str(number) / "journal.jsonl")
+        journal.event("start", step=0, num_params=10)
+        if ending:
+            journal.event(ending[0], **ending[1])
+    recover_interrupted(study, ["val/loss"], mode)
+    trials = study.get_trials()
+    assert [t.state for t in trials[:4]] == [TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.FAIL]
+    assert trials[0].value == 2.5 and "boom" in trials[2].user_attrs["reason"] and trials[3].user_attrs["interrupted"]
+    if mode == "fail":
+        assert len(trials) == 4 and counted(study) == 4
+    else:  # the interrupted trial is asked again with its parameters and does not count twice
+        assert trials[4].state == TrialState.WAITING and counted(study) == 3
+        assert study.ask(space).params["lr"] == trials[3].params["lr"]
+
+
 def test_sweep_runner_with_a_hydra_optuna_sweeper_config(hydra_sweep_runner: TSweepRunner, tmp_path):
     """A plain Hydra app (no curryTrain run) swept the way Hydra tests its sweepers."""
     sweep = hydra_sweep_runner(
@@ -223,3 +254,17 @@ def test_a_killed_sweeper_resumes_to_exactly_n_trials(tmp_path):
     assert trials[3].state == TrialState.FAIL and trials[3].user_attrs["interrupted"]
     assert len({t.user_attrs["run_dir"] for t in trials}) == 5
     assert len({t.params["optimizer.lr"] for t in trials}) == 5  # reseeded: the resumed sampler does not replay
+
+
+@pytest.mark.slow
+def test_submitit_local_keeps_n_jobs_trials_in_flight_and_records_pruned_trials(tmp_path):
+    sweep_dir = tmp_path / "asha"
+    result = launch("-m", "sweep=asha", "hydra/launcher=submitit_local", "sweep.n_jobs=2", "sweep.n_trials=3", f"hydra.sweep.dir={sweep_dir}", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "asynchronous trials: up to 2 in flight" in result.stdout + result.stderr
+    trials = _study(sweep_dir, "asha").trials
+    assert len(trials) == 3 and all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+    assert (sweep_dir / ".submitit").is_dir() and (sweep_dir / "optimization_results.yaml").is_file()
+    for trial in trials:  # a pruned trial stopped at an eval and journaled why
+        journal = (sweep_dir / str(trial.number) / "journal.jsonl").read_text()
+        assert ('"type": "pruned"' in journal) == (trial.state == TrialState.PRUNED)

@@ -203,20 +203,54 @@ class SweepLoop:
         return trial, [*fixed, *overrides_of(trial.params), *job_env(self.spec_path, trial.number)]
 
     def run(self) -> Any:
-        from currytrain.sweep.study import counted, failures, outcome_of, tell
+        from currytrain.sweep.asynchronous import is_submitit
 
         study = self.open_study()
+        if is_submitit(self.launcher):
+            self._run_async(study)
+        else:
+            self._run_batches(study)
+        return study
+
+    def _stop_on_failures(self, study: Any) -> None:
+        from currytrain.sweep.study import failures
+
+        if failures(study) >= self.settings["max_failures"]:
+            raise RunFailed(
+                f"the sweep stopped: {failures(study)} trials failed (sweep.max_failures={self.settings['max_failures']}); "
+                f"their reasons are in {self.sweep_dir}/report.md. Fix the cause, or raise sweep.max_failures, and rerun to resume"
+            )
+
+    def _record(self, study: Any, number: int, job_return: Any) -> None:
+        from currytrain.sweep.study import outcome_of, tell
+
+        outcome = outcome_of(job_return, self.sweep_dir / str(number), self.objectives)
+        tell(study, number, outcome)
+        log.info("trial %d: %s %s %s", number, outcome.state, outcome.values or "", outcome.reason)
+
+    def _run_batches(self, study: Any) -> None:
+        """Hydra's Launcher API: a batch of n_jobs trials, the next batch when all of them ended."""
+        from currytrain.sweep.study import counted
+
         target = self.target()
         while (done := counted(study)) < target:
-            if failures(study) >= self.settings["max_failures"]:
-                raise RunFailed(
-                    f"the sweep stopped: {failures(study)} trials failed (sweep.max_failures={self.settings['max_failures']}); "
-                    f"their reasons are in {self.sweep_dir}/report.md. Fix the cause, or raise sweep.max_failures, and rerun to resume"
-                )
+            self._stop_on_failures(study)
             batch = [self.ask(study) for _ in range(min(self.settings["n_jobs"], target - done))]
             returns = self.launcher.launch([overrides for _, overrides in batch], initial_job_idx=batch[0][0].number)
             for (trial, _), job_return in zip(batch, returns):
-                outcome = outcome_of(job_return, Path(trial.user_attrs["run_dir"]), self.objectives)
-                tell(study, trial.number, outcome)
-                log.info("trial %d: %s %s %s", trial.number, outcome.state, outcome.values or "", outcome.reason)
-        return study
+                self._record(study, trial.number, job_return)
+
+    def _run_async(self, study: Any) -> None:
+        """submitit: n_jobs trials in flight; a new one starts as soon as one ends."""
+        from currytrain.sweep.asynchronous import InFlight
+        from currytrain.sweep.study import counted
+
+        target, running = self.target(), InFlight(self.launcher)
+        log.info("asynchronous trials: up to %d in flight (%s launcher)", self.settings["n_jobs"], type(self.launcher).__name__)
+        while counted(study) < target or len(running):
+            while len(running) < self.settings["n_jobs"] and counted(study) < target:
+                self._stop_on_failures(study)
+                trial, overrides = self.ask(study)
+                running.submit(trial.number, overrides)
+            for number, job_return in running.finished():
+                self._record(study, number, job_return)

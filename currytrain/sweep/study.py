@@ -75,15 +75,15 @@ class Outcome:
 
 def _metric(events: Sequence[dict], name: str) -> float | None:
     """One objective's value from a run's journal events."""
-    finish = next((e for e in reversed(events) if e.get("kind") == "finish"), {})
+    finish = next((e for e in reversed(events) if e.get("type") == "finish"), {})
     if name in ("val/loss", "val/bits_per_token") and "val_loss" in finish:
         return finish["val_loss"] / (math.log(2) if name == "val/bits_per_token" else 1.0)
     if name == "run/seconds":
         return finish.get("seconds")
     if name == "model/num_params":
-        return next((e["num_params"] for e in events if e.get("kind") == "start"), None)
+        return next((e["num_params"] for e in events if e.get("type") == "start"), None)
     if name == "train/loss":
-        return next((e["train/loss"] for e in reversed(events) if e.get("kind") == "metrics" and "train/loss" in e), None)
+        return next((e["train/loss"] for e in reversed(events) if e.get("type") == "metrics" and "train/loss" in e), None)
     return None
 
 
@@ -97,15 +97,15 @@ def completed(values: list[float | None], objectives: Sequence[str]) -> Outcome:
 
 def outcome_from_journal(run_dir: Path, objectives: Sequence[str]) -> Outcome:
     path = run_dir / "journal.jsonl"
-    events = [e for e in read_journal(path) if "kind" in e] if path.is_file() else []
-    ending = next((e for e in reversed(events) if e["kind"] in ENDINGS), None)
+    events = [e for e in read_journal(path) if "type" in e] if path.is_file() else []
+    ending = next((e for e in reversed(events) if e["type"] in ENDINGS), None)
     if ending is None:
         return Outcome(None, reason="interrupted: the sweeper stopped before the trial ended, and its run folder holds no result")
-    if ending["kind"] == "finish":
+    if ending["type"] == "finish":
         return completed([_metric(events, name) for name in objectives], objectives)
-    if ending["kind"] == "pruned":
+    if ending["type"] == "pruned":
         return Outcome("PRUNED", reason=ending.get("message", "pruned"))
-    return Outcome("FAIL", reason=f"{ending['kind']}: {ending.get('message', '')}".strip())
+    return Outcome("FAIL", reason=f"{ending['type']}: {ending.get('message', '')}".strip())
 
 
 def outcome_of(job_return: Any, run_dir: Path, objectives: Sequence[str]) -> Outcome:
@@ -114,6 +114,8 @@ def outcome_of(job_return: Any, run_dir: Path, objectives: Sequence[str]) -> Out
 
     from currytrain.errors import Pruned
 
+    if isinstance(job_return, BaseException):  # the job's process died (submitit says why)
+        return Outcome("FAIL", reason=f"the job died: {type(job_return).__name__}: {' '.join(str(job_return).split())[:500]}")
     if job_return.status == JobStatus.FAILED:
         error = job_return._return_value
         if isinstance(error, Pruned):
