@@ -25,7 +25,7 @@ from conftest import ROOT, TINY, launch
 from currytrain.sweep.driver import check, merge_settings
 from currytrain.sweep.space import parse_params
 from currytrain.sweep.study import ENV_SPEC, ENV_TRIAL, SweepSpec, open_storage
-from tests.sweep_app.app import quadratic
+from tests.sweep_app.app import quadratic, two_objectives
 
 
 def _study(sweep_dir: Path, name: str) -> optuna.Study:
@@ -187,6 +187,25 @@ def test_sweep_runner_with_a_hydra_optuna_sweeper_config(hydra_sweep_runner: TSw
     assert all(t.params["n"] in (1, 2, 3) for t in trials)  # range(1, 4) never gives 4
     assert results.best_value == pytest.approx(min(t.value for t in trials))
     assert set(results.best_params) == {"x", "n", "op"}
+
+
+def test_multi_objective_sweep_writes_its_pareto_front(hydra_sweep_runner: TSweepRunner, tmp_path):
+    sweep = hydra_sweep_runner(
+        calling_file=None,
+        calling_module="tests.sweep_app.app",
+        task_function=two_objectives,
+        config_path=".",
+        config_name="multi",
+        overrides=[],
+        temp_dir=tmp_path,
+    )
+    with sweep:
+        results = OmegaConf.load(tmp_path / "optimization_results.yaml")
+        trials = _study(tmp_path, "pareto").trials
+    assert len(trials) == 6 and all(len(t.values) == 2 for t in trials)
+    front = {(s["values"][0], s["values"][1]) for s in results.solutions}
+    dominated = [t for t in trials if any(o.values[0] <= t.values[0] and o.values[1] >= t.values[1] and o.values != t.values for o in trials)]
+    assert front and not front & {tuple(t.values) for t in dominated}
 
 
 @pytest.mark.slow

@@ -121,9 +121,13 @@ def outcome_of(job_return: Any, run_dir: Path, objectives: Sequence[str]) -> Out
         if isinstance(error, Pruned):
             return Outcome("PRUNED", reason=str(error))
         return Outcome("FAIL", reason=f"{type(error).__name__}: {' '.join(str(error).split())}")
-    if list(objectives) == ["val/loss"] and isinstance(job_return.return_value, (int, float)):
-        return completed([float(job_return.return_value)], objectives)
-    return outcome_from_journal(run_dir, objectives)
+    if (run_dir / "journal.jsonl").is_file():  # a curryTrain run: its journal holds every objective
+        return outcome_from_journal(run_dir, objectives)
+    returned = job_return.return_value  # any other Hydra app returns its objective(s), as with hydra-optuna-sweeper
+    values = list(returned) if isinstance(returned, (list, tuple)) else [returned]
+    if len(values) != len(objectives) or not all(isinstance(v, (int, float)) for v in values):
+        return Outcome("FAIL", reason=f"the task returned {returned!r}: expected {len(objectives)} number(s), one per direction")
+    return completed(values, objectives)
 
 
 def tell(study: Any, trial_number: int, outcome: Outcome) -> None:
