@@ -168,6 +168,46 @@ def test_trials_a_killed_sweeper_left_running_are_recovered_from_their_journals(
         assert study.ask(space).params["lr"] == trials[3].params["lr"]
 
 
+def _prune_on_rank(rank: int, world: int, port: int, spec_path: str, number: int, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from currytrain.sweep.pruning import build_pruning_hook
+
+    torch.set_num_threads(1)
+    os.environ.update({"RANK": str(rank), ENV_SPEC: spec_path, ENV_TRIAL: str(number)})
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        hook = build_pruning_hook()
+        decisions = [hook.after_step(step, {"val/loss": value}).action.value for step, value in ((2, 0.95), (4, 5.0))]
+        Path(out, f"rank{rank}").write_text(",".join(decisions) + f",{hook.trial is not None}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_in_a_two_worker_trial_rank_0_decides_and_every_rank_prunes(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="s", storage=open_storage(storage))
+    first = study.ask()
+    first.report(1.0, 2)
+    first.report(0.9, 4)
+    study.tell(first, 0.9)
+    second = study.ask()
+    spec = SweepSpec("s", storage, ["minimize"], ["val/loss"], {"_target_": "optuna.pruners.MedianPruner", "n_startup_trials": 1})
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mp.spawn(_prune_on_rank, args=(2, port, str(spec.save(tmp_path)), second.number, str(tmp_path)), nprocs=2)
+    assert (tmp_path / "rank0").read_text() == "continue,prune,True"
+    assert (tmp_path / "rank1").read_text() == "continue,prune,False"  # rank 1 never opened the study
+    assert study.trials[second.number].intermediate_values == {2: 0.95, 4: 5.0}  # reported once, by rank 0
+
+
 def test_sweep_runner_with_a_hydra_optuna_sweeper_config(hydra_sweep_runner: TSweepRunner, tmp_path):
     """A plain Hydra app (no curryTrain run) swept the way Hydra tests its sweepers."""
     sweep = hydra_sweep_runner(

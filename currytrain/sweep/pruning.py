@@ -2,7 +2,7 @@
 
 The sweeper hands the trial to the job through the environment (currytrain.sweep.study.job_env); the job
 opens the same storage and rebuilds the same pruner (Optuna keeps pruners out of the storage). Only rank 0
-talks to the study.
+talks to the study; the other ranks receive its decision.
 """
 
 from __future__ import annotations
@@ -28,14 +28,23 @@ def intermediate(objective: str, metrics: Mapping[str, float]) -> float | None:
 
 
 class PruningHook:
-    """Reports the objective at every eval; returns PRUNE when the study's pruner says so."""
+    """Reports the objective at every eval; returns PRUNE when the study's pruner says so.
 
-    def __init__(self, trial: Any, objective: str, prunes: bool):
+    In a trial with several workers every rank has the hook, only rank 0 holds the trial (trial=None
+    elsewhere), and rank 0's decision is broadcast at each eval so that all ranks stop together."""
+
+    def __init__(self, trial: Any | None, objective: str, prunes: bool):
         self.trial = trial
         self.objective = objective
         self.prunes = prunes
 
     def after_step(self, step: int, metrics: Mapping[str, float]) -> Decision:
+        if "val/loss" not in metrics:  # every rank evaluates on the same steps
+            return CONTINUE
+        decision = self._decide(step, metrics) if self.trial is not None else CONTINUE
+        return _agree(decision)
+
+    def _decide(self, step: int, metrics: Mapping[str, float]) -> Decision:
         value = intermediate(self.objective, metrics)
         if value is None or not math.isfinite(value):  # a diverged trial fails at its end, it is not pruned
             return CONTINUE
@@ -45,16 +54,29 @@ class PruningHook:
         return CONTINUE
 
 
+def _agree(decision: Decision) -> Decision:
+    """Rank 0's decision on every rank (a no-op in a single process)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return decision
+    box = [decision]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def build_pruning_hook() -> PruningHook | None:
     """The hook of the trial this job runs (from the environment), or None outside a sweep and off rank 0."""
     from currytrain.sweep.study import trial_from_env
 
     found = trial_from_env()
-    if found is None or int(os.environ.get("RANK", "0")) != 0:
+    if found is None:
         return None
     spec, number = found
     if len(spec.directions) > 1:  # Optuna reports and prunes single-objective trials only
         return None
+    if int(os.environ.get("RANK", "0")) != 0:  # only rank 0 talks to the study
+        return PruningHook(None, spec.objectives[0], prunes=spec.pruner is not None)
     import optuna
     from omegaconf import OmegaConf
 
