@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from optuna.trial import TrialState
 
 from conftest import ROOT, TINY, launch
+from currytrain.sweep.config import SWEEP_PRESETS
 from currytrain.sweep.driver import check, merge_settings
 from currytrain.sweep.space import parse_params
 from currytrain.sweep.study import ENV_SPEC, ENV_TRIAL, SweepSpec, open_storage
@@ -50,6 +51,21 @@ def test_search_space_follows_hydra_syntax_with_a_python_range():
     assert space.dimensions["d"].choices == ("x", "y")
     assert [round(v, 6) for v in space.dimensions["e"].grid()] == [0.1, 0.2, 0.3]
     assert space.fixed == {"f": "3"}
+
+
+@pytest.mark.parametrize("preset", SWEEP_PRESETS)
+def test_every_preset_passes_its_checks_and_builds_its_sampler_and_pruner(preset, compose_cfg, tmp_path):
+    from currytrain.build import build
+    from currytrain.sweep.driver import SweepLoop
+
+    cfg = compose_cfg(f"sweep={preset}")
+    settings, paths, problems = merge_settings(cfg, {})
+    space = check(settings, paths, [], cfg, problems)
+    loop = SweepLoop(settings, space, launcher=None, sweep_dir=tmp_path)
+    assert type(loop._sampler(trials_done=0)).__name__ == settings["sampler"]["_target_"].rpartition(".")[2]
+    if settings["pruner"]:
+        assert build(OmegaConf.create(settings["pruner"])) is not None
+    assert 1 <= loop.target() <= settings["n_trials"]
 
 
 def test_bad_sweep_settings_name_each_key_and_fix(compose_cfg):
