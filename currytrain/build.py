@@ -1,7 +1,7 @@
 """The one place that turns a config node into an object: build(cfg, **runtime).
 
 Only targets that live in an allowed module are built: curryTrain itself, the project's experiments/, and
-the torch modules configs need (torch.optim). A target is resolved before it is allowed, so a name that
+the torch modules configs need (torch.optim), and Optuna's samplers and pruners (sweep configs). A target is resolved before it is allowed, so a name that
 re-exports something from elsewhere (`torch.os.system`, `currytrain.run.os.system`) is refused by where the
 object really lives. A project adds modules with `build.allow=[my_package]` in its config.
 """
@@ -18,7 +18,9 @@ from currytrain.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-ALLOWED_MODULES = ("currytrain", "experiments", "torch.optim")
+# optuna.samplers and optuna.pruners are allowed on purpose, and nothing else of optuna: sweep configs name a
+# sampler and a pruner by their class (as hydra-optuna-sweeper configs do), and both are plain search algorithms.
+ALLOWED_MODULES = ("currytrain", "experiments", "torch.optim", "optuna.samplers", "optuna.pruners")
 _extra_allowed: tuple[str, ...] = ()
 
 

@@ -25,7 +25,7 @@ from currytrain.logger.config import JsonlConfig, MLflowConfig, TensorBoardConfi
 from currytrain.model.config import GQAConfig, MoEConfig, SpikingConfig
 from currytrain.optim.config import AdamWConfig, SGDConfig
 from currytrain.parallel.config import ParallelConfig
-from currytrain.sweep.config import NoSweepConfig
+from currytrain.sweep.config import SWEEP_PRESETS, NoSweepConfig, OptunaSweepConfig
 from currytrain.trainer.config import TrainerConfig
 
 # group -> option name -> schema. The YAML option <group>/<name>.yaml extends /schema/<group>/<name>.
@@ -36,7 +36,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "optimizer": {"adamw": AdamWConfig, "sgd": SGDConfig},
     "logger": {"tensorboard": TensorBoardConfig, "jsonl": JsonlConfig, "mlflow": MLflowConfig, "wandb": WandbConfig},
     "check": {"none": NoCheckConfig},
-    "sweep": {"none": NoSweepConfig},
+    "sweep": {"none": NoSweepConfig, **{name: OptunaSweepConfig for name in SWEEP_PRESETS}},
     "abort": {"none": NoAbortConfig, "default": AbortConfig, "strict": AbortConfig},
 }
 

@@ -119,8 +119,13 @@ def run_worker(resolved_path: Path) -> float:
 
 
 def build_hooks(cfg: DictConfig) -> list:
-    """The StepHooks this run's config asks for (abort conditions; sweep pruning lands with the sweeper)."""
+    """The StepHooks this run asks for: its abort conditions, and the sweep's pruning when it is a trial."""
     from currytrain.build import build
+    from currytrain.sweep.study import trial_from_env
 
-    abort = build(cfg.abort)
-    return [] if abort is None else [abort]
+    hooks = [build(cfg.abort)]
+    if trial_from_env() is not None:  # a trial of an Optuna sweep (the sweeper set its environment)
+        from currytrain.sweep.pruning import build_pruning_hook
+
+        hooks.append(build_pruning_hook())
+    return [hook for hook in hooks if hook is not None]

@@ -1,0 +1,141 @@
+"""What a sweep leaves in its folder: optimization_results.yaml (as hydra-optuna-sweeper writes it), report.md
+(trials table, best trial, parameter importances) and optimization_history.png."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+log = logging.getLogger(__name__)
+
+RESULTS = "optimization_results.yaml"
+REPORT = "report.md"
+HISTORY_PNG = "optimization_history.png"
+
+
+def _finished(study: Any) -> list[Any]:
+    return [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+
+
+def _complete(study: Any) -> list[Any]:
+    from optuna.trial import TrialState
+
+    return [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+
+
+def results(study: Any) -> dict[str, Any]:
+    """The best trial (single objective) or the Pareto front (several), plus the count of trials by state."""
+    counts: dict[str, int] = {}
+    for trial in study.get_trials(deepcopy=False):
+        counts[trial.state.name] = counts.get(trial.state.name, 0) + 1
+    out: dict[str, Any] = {"name": "optuna", "study_name": study.study_name, "trials": counts}
+    if not _complete(study):
+        return out
+    if len(study.directions) == 1:
+        best = study.best_trial
+        out.update(best_params=dict(best.params), best_value=float(best.value), best_trial=best.number, best_run_dir=best.user_attrs.get("run_dir"))
+    else:
+        out["solutions"] = [{"params": dict(t.params), "values": [float(v) for v in t.values], "trial": t.number} for t in study.best_trials]
+    return out
+
+
+def _value_text(trial: Any) -> str:
+    if trial.values is None:
+        return "-"
+    return ", ".join(f"{v:.4f}" for v in trial.values)
+
+
+def _param_text(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def trials_table(study: Any, objectives: Sequence[str]) -> list[str]:
+    trials = study.get_trials(deepcopy=False)
+    keys = sorted({k for t in trials for k in t.params})
+    lines = [
+        "| trial | state | " + " | ".join(objectives) + " | last step | " + " | ".join(keys) + " | reason |",
+        "|---" * (4 + len(objectives) + len(keys)) + "|",
+    ]
+    for t in trials:
+        step = t.last_step if t.last_step is not None else "-"
+        params = " | ".join(_param_text(t.params[k]) if k in t.params else "-" for k in keys)
+        reason = str(t.user_attrs.get("reason", "")).replace("|", "/").replace("\n", " ")[:160]
+        lines.append(f"| {t.number} | {t.state.name} | {_value_text(t)} | {step} | {params} | {reason} |")
+    return lines
+
+
+def importances(study: Any) -> dict[str, float] | None:
+    """Parameter importances (fANOVA, else PED-ANOVA), or None when they cannot be computed (too few trials)."""
+    import optuna
+
+    if len(study.directions) != 1 or len(_complete(study)) < 3:
+        return None
+    # fANOVA needs scikit-learn (not a dependency); PED-ANOVA needs nothing more than optuna.
+    for evaluator in ("FanovaImportanceEvaluator", "PedAnovaImportanceEvaluator"):
+        try:
+            found = optuna.importance.get_param_importances(study, evaluator=getattr(optuna.importance, evaluator)())
+            return {name: float(value) for name, value in found.items()}
+        except Exception as error:  # a missing optional dependency, a degenerate space
+            log.debug("importance by %s not computable: %s", evaluator, error)
+    return None
+
+
+def plot_history(study: Any, objectives: Sequence[str], path: Path) -> bool:
+    """Objective per trial and the best so far (first objective); False when there is nothing to draw."""
+    complete = [t for t in _complete(study) if t.values and math.isfinite(t.values[0])]
+    if not complete:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    numbers, values = [t.number for t in complete], [t.values[0] for t in complete]
+    pick = min if study.directions[0].name == "MINIMIZE" else max
+    best = [pick(values[: i + 1]) for i in range(len(values))]
+    figure, axes = plt.subplots(figsize=(6, 3.5))
+    axes.scatter(numbers, values, label="trial", s=18)
+    axes.step(numbers, best, where="post", color="C1", label="best so far")
+    axes.set_xlabel("trial")
+    axes.set_ylabel(objectives[0])
+    axes.set_title(f"study {study.study_name}")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return True
+
+
+def report_lines(study: Any, objectives: Sequence[str], summary: dict[str, Any], drew: bool) -> list[str]:
+    lines = [f"# Sweep report: study {study.study_name}", "", f"Trials by state: {summary['trials']}", ""]
+    if "best_value" in summary:
+        lines += [
+            f"## Best trial: {summary['best_trial']}",
+            "",
+            f"{objectives[0]} = {summary['best_value']:.4f}, run folder `{summary['best_run_dir']}`",
+            "",
+        ]
+        lines += [f"- `{k}={_param_text(v)}`" for k, v in summary["best_params"].items()] + [""]
+    elif "solutions" in summary:
+        lines += ["## Pareto front", ""] + [f"- trial {s['trial']}: {s['values']} {s['params']}" for s in summary["solutions"]] + [""]
+    found = importances(study)
+    lines += ["## Parameter importances", ""]
+    lines += [f"- {k}: {v:.3f}" for k, v in found.items()] if found else ["Not computable yet (needs 3 complete trials, one objective)."]
+    lines += ["", "## Trials", "", *trials_table(study, objectives), ""]
+    if drew:
+        lines += ["## Optimization history", "", f"![history]({HISTORY_PNG})", ""]
+    return lines
+
+
+def write_outputs(study: Any, sweep_dir: Path, objectives: Sequence[str]) -> dict[str, Any]:
+    summary = results(study)
+    OmegaConf.save(OmegaConf.create(summary), sweep_dir / RESULTS)
+    drew = plot_history(study, objectives, sweep_dir / HISTORY_PNG)
+    (sweep_dir / REPORT).write_text("\n".join(report_lines(study, objectives, summary, drew)))
+    log.info("sweep results: %s, report: %s", sweep_dir / RESULTS, sweep_dir / REPORT)
+    return summary

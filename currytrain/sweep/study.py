@@ -1,0 +1,194 @@
+"""The Optuna study of a sweep: its storage, the spec a trial's job reads, and each trial's outcome.
+
+A trial's outcome is read from what its job left: the job's return (when the sweeper saw it end) or its run
+folder's journal (when the sweeper was killed while the job ran, or the job outlived it). The journal is the
+record: `finish` is COMPLETE with the objective's value, `pruned` is PRUNED, `failure`/`config_error`/`abort`
+are FAIL with their message, and no ending at all is an interrupted trial.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from currytrain.journal import read_journal
+
+SPEC_FILE = "sweep.json"
+ENV_SPEC = "CURRYTRAIN_SWEEP"
+"""Environment variable a trial's job receives: the path of the sweep's spec (study, storage, pruner)."""
+ENV_TRIAL = "CURRYTRAIN_TRIAL"
+"""Environment variable a trial's job receives: the trial's number in the study."""
+SQLITE_TIMEOUT_S = 30
+"""How long an SQLite writer waits for the lock: trials report while the sweeper writes."""
+ENDINGS = {"finish", "pruned", "failure", "config_error", "abort"}
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """What a trial's job needs to talk to its study (written to <sweep>/sweep.json)."""
+
+    study_name: str
+    storage: str
+    directions: list[str]
+    objectives: list[str]
+    pruner: dict[str, Any] | None
+
+    def save(self, sweep_dir: Path) -> Path:
+        path = sweep_dir / SPEC_FILE
+        path.write_text(json.dumps(self.__dict__, indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> SweepSpec:
+        return cls(**json.loads(Path(path).read_text()))
+
+
+def default_storage(sweep_dir: Path) -> str:
+    return f"sqlite:///{(sweep_dir / 'optuna.db').resolve()}"
+
+
+def open_storage(uri: str) -> Any:
+    """An Optuna storage: SQLite with a lock timeout, journal:///file for JournalFileBackend, or any RDB URL."""
+    import optuna
+
+    if uri.startswith("journal://"):
+        from optuna.storages.journal import JournalFileBackend
+
+        return optuna.storages.JournalStorage(JournalFileBackend(uri.removeprefix("journal://")))
+    engine = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if uri.startswith("sqlite") else {}
+    return optuna.storages.RDBStorage(uri, engine_kwargs=engine)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a trial ended: state is COMPLETE, PRUNED, FAIL or None (no ending found: interrupted)."""
+
+    state: str | None
+    values: list[float] | None = None
+    reason: str = ""
+
+
+def _metric(events: Sequence[dict], name: str) -> float | None:
+    """One objective's value from a run's journal events."""
+    finish = next((e for e in reversed(events) if e.get("type") == "finish"), {})
+    if name in ("val/loss", "val/bits_per_token") and "val_loss" in finish:
+        return finish["val_loss"] / (math.log(2) if name == "val/bits_per_token" else 1.0)
+    if name == "run/seconds":
+        return finish.get("seconds")
+    if name == "model/num_params":
+        return next((e["num_params"] for e in events if e.get("type") == "start"), None)
+    if name == "train/loss":
+        return next((e["train/loss"] for e in reversed(events) if e.get("type") == "metrics" and "train/loss" in e), None)
+    return None
+
+
+def completed(values: list[float | None], objectives: Sequence[str]) -> Outcome:
+    """COMPLETE, or FAIL when an objective is missing or not finite (a NaN trial must never be best)."""
+    for name, value in zip(objectives, values):
+        if value is None or not math.isfinite(value):
+            return Outcome("FAIL", reason=f"objective {name} is {value}: not a finite number")
+    return Outcome("COMPLETE", [float(v) for v in values])
+
+
+def outcome_from_journal(run_dir: Path, objectives: Sequence[str]) -> Outcome:
+    path = run_dir / "journal.jsonl"
+    events = [e for e in read_journal(path) if "type" in e] if path.is_file() else []
+    ending = next((e for e in reversed(events) if e["type"] in ENDINGS), None)
+    if ending is None:
+        return Outcome(None, reason="interrupted: the sweeper stopped before the trial ended, and its run folder holds no result")
+    if ending["type"] == "finish":
+        return completed([_metric(events, name) for name in objectives], objectives)
+    if ending["type"] == "pruned":
+        return Outcome("PRUNED", reason=ending.get("message", "pruned"))
+    return Outcome("FAIL", reason=f"{ending['type']}: {ending.get('message', '')}".strip())
+
+
+def outcome_of(job_return: Any, run_dir: Path, objectives: Sequence[str]) -> Outcome:
+    """A launched job's outcome: its raised outcome or, when it returned, the objective values it journaled."""
+    from hydra.core.utils import JobStatus
+
+    from currytrain.errors import Pruned
+
+    if isinstance(job_return, BaseException):  # the job's process died (submitit says why)
+        return Outcome("FAIL", reason=f"the job died: {type(job_return).__name__}: {' '.join(str(job_return).split())[:500]}")
+    if job_return.status == JobStatus.FAILED:
+        error = job_return._return_value
+        if isinstance(error, Pruned):
+            return Outcome("PRUNED", reason=str(error))
+        return Outcome("FAIL", reason=f"{type(error).__name__}: {' '.join(str(error).split())}")
+    if (run_dir / "journal.jsonl").is_file():  # a curryTrain run: its journal holds every objective
+        return outcome_from_journal(run_dir, objectives)
+    returned = job_return.return_value  # any other Hydra app returns its objective(s), as with hydra-optuna-sweeper
+    values = list(returned) if isinstance(returned, (list, tuple)) else [returned]
+    if len(values) != len(objectives) or not all(isinstance(v, (int, float)) for v in values):
+        return Outcome("FAIL", reason=f"the task returned {returned!r}: expected {len(objectives)} number(s), one per direction")
+    return completed(values, objectives)
+
+
+def tell(study: Any, trial_number: int, outcome: Outcome) -> None:
+    """Record the outcome (the reason goes to the trial's user attributes)."""
+    from optuna.trial import TrialState
+
+    trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, trial_number)
+    if outcome.reason:
+        study._storage.set_trial_user_attr(trial_id, "reason", outcome.reason[:2000])
+    state = TrialState[outcome.state]
+    try:
+        study.tell(trial_number, state=state, values=outcome.values if state == TrialState.COMPLETE else None, skip_if_finished=True)
+    except RuntimeError as error:
+        # GridSampler asks the study to stop once its grid is walked, which Optuna allows only inside
+        # study.optimize(); the trial is stored before that (the sweep loop stops at the grid's size itself).
+        if "Study.stop" not in str(error):
+            raise
+
+
+def counted(study: Any) -> int:
+    """Trials that count toward n_trials: every trial asked, except interrupted ones asked again (requeued)."""
+    from optuna.trial import TrialState
+
+    return sum(1 for t in study.get_trials(deepcopy=False) if t.state != TrialState.WAITING and not t.user_attrs.get("requeued"))
+
+
+def failures(study: Any) -> int:
+    from optuna.trial import TrialState
+
+    return sum(1 for t in study.get_trials(deepcopy=False) if t.state == TrialState.FAIL and not t.user_attrs.get("interrupted"))
+
+
+def recover_interrupted(study: Any, objectives: Sequence[str], mode: str) -> list[str]:
+    """Trials a killed sweeper left RUNNING: recorded from their run folders' journals, or, with no result
+    there, FAIL (mode fail) or FAIL and asked again with the same parameters (mode requeue). Returns lines
+    saying what was done, for the log."""
+    from optuna.trial import TrialState
+
+    notes = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        outcome = outcome_from_journal(Path(trial.user_attrs.get("run_dir", "")), objectives)
+        if outcome.state is None:
+            trial_id = trial._trial_id
+            study._storage.set_trial_user_attr(trial_id, "interrupted", True)
+            if mode == "requeue":
+                study._storage.set_trial_user_attr(trial_id, "requeued", True)
+                study.enqueue_trial(trial.params, user_attrs={"requeued_from": trial.number}, skip_if_exists=False)
+            outcome = Outcome("FAIL", reason=outcome.reason)
+        tell(study, trial.number, outcome)
+        notes.append(f"trial {trial.number} left running by an earlier sweeper: recorded {outcome.state} ({outcome.reason or 'from its journal'})")
+    return notes
+
+
+def job_env(spec_path: Path, trial_number: int) -> list[str]:
+    """Overrides that hand the trial to its job through Hydra's per-job environment (hydra.job.env_set)."""
+    return [f"++hydra.job.env_set.{ENV_SPEC}='{spec_path}'", f"++hydra.job.env_set.{ENV_TRIAL}={trial_number}"]
+
+
+def trial_from_env() -> tuple[SweepSpec, int] | None:
+    """The (spec, trial number) of the job this process runs, or None outside a sweep."""
+    spec, number = os.environ.get(ENV_SPEC), os.environ.get(ENV_TRIAL)
+    if not spec or number is None:
+        return None
+    return SweepSpec.load(spec), int(number)

@@ -1,0 +1,5 @@
+"""curryTrain's Optuna sweeper for Hydra (selected by `sweep=<preset>`, or `hydra/sweeper=currytrain`).
+
+Hydra imports every module of the hydra_plugins namespace when it starts, so nothing here imports optuna or
+torch at module level: they load only when a sweep runs.
+"""

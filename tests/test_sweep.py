@@ -1,0 +1,345 @@
+"""The Optuna sweeper plugin: discovered by Hydra, run the way Hydra tests sweepers, and run for real through
+launch.py (real trials, real SQLite storage, files read back): results, resume, a killed sweeper, NaN trials,
+hydra-optuna-sweeper configs, bad input."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from hydra.core.plugins import Plugins
+from hydra.plugins.sweeper import Sweeper
+from hydra.test_utils.test_utils import TSweepRunner
+from omegaconf import OmegaConf
+from optuna.trial import TrialState
+
+from conftest import ROOT, TINY, launch
+from currytrain.sweep.config import SWEEP_PRESETS
+from currytrain.sweep.driver import check, merge_settings
+from currytrain.sweep.space import parse_params
+from currytrain.sweep.study import ENV_SPEC, ENV_TRIAL, SweepSpec, open_storage
+from tests.sweep_app.app import quadratic, two_objectives
+
+
+def _study(sweep_dir: Path, name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=open_storage(f"sqlite:///{sweep_dir / 'optuna.db'}"))
+
+
+def test_hydra_discovers_the_sweeper_and_its_hydra_optuna_sweeper_name():
+    names = {f"{c.__module__}.{c.__name__}" for c in Plugins.instance().discover(Sweeper)}
+    assert "hydra_plugins.currytrain_sweeper.sweeper.CurryTrainSweeper" in names
+    assert "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper" in names
+
+
+def test_search_space_follows_hydra_syntax_with_a_python_range():
+    space, problems = parse_params(
+        {"a": "range(1, 4)", "b": "tag(log, interval(1e-4, 1e-2))", "c": "int(interval(2, 8))", "d": "choice(x, y)", "e": "range(0.1, 0.4, 0.1)", "f": 3},
+        "sweep.params",
+    )
+    assert problems == []
+    assert space.dimensions["a"].grid() == [1, 2, 3]  # stop excluded, as in Python (hydra-optuna-sweeper 1.3 includes 4)
+    assert space.dimensions["b"].log and space.dimensions["b"].kind == "float"
+    assert space.dimensions["c"].kind == "int"
+    assert space.dimensions["d"].choices == ("x", "y")
+    assert [round(v, 6) for v in space.dimensions["e"].grid()] == [0.1, 0.2, 0.3]
+    assert space.fixed == {"f": "3"}
+
+
+@pytest.mark.parametrize("preset", SWEEP_PRESETS)
+def test_every_preset_passes_its_checks_and_builds_its_sampler_and_pruner(preset, compose_cfg, tmp_path):
+    from currytrain.build import build
+    from currytrain.sweep.driver import SweepLoop
+
+    cfg = compose_cfg(f"sweep={preset}")
+    settings, paths, problems = merge_settings(cfg, {})
+    space = check(settings, paths, [], cfg, problems)
+    loop = SweepLoop(settings, space, launcher=None, sweep_dir=tmp_path)
+    assert type(loop._sampler(trials_done=0)).__name__ == settings["sampler"]["_target_"].rpartition(".")[2]
+    if settings["pruner"]:
+        assert build(OmegaConf.create(settings["pruner"])) is not None
+    assert 1 <= loop.target() <= settings["n_trials"]
+
+
+def test_bad_sweep_settings_name_each_key_and_fix(compose_cfg):
+    cfg = compose_cfg("sweep=tpe")
+    keys = {
+        "sampler": {"_target_": "optuna.samplers.TPESamplr"},
+        "params": {"optimizer.lr": "interval(0.1)", "optimizer.weight_decay": "tag(log, interval(0, 1))", "model.dim": "choice()"},
+        "objective": "val/accuracy",
+        "pruner": {"_target_": "optuna.pruners.MedianPruner", "n_warmup_step": 1},
+    }
+    settings, paths, problems = merge_settings(cfg, keys)
+    with pytest.raises(Exception) as error:
+        check(settings, paths, [], cfg, problems)
+    message = str(error.value)
+    assert "hydra.sweeper.sampler._target_=optuna.samplers.TPESamplr" in message and "did you mean optuna.samplers.TPESampler" in message
+    assert "hydra.sweeper.params.optimizer.lr=interval(0.1)" in message
+    assert "hydra.sweeper.params.optimizer.weight_decay" in message and "positive low bound" in message
+    assert "hydra.sweeper.params.model.dim=choice()" in message
+    assert "hydra.sweeper.objective=val/accuracy is not a metric" in message
+    assert "hydra.sweeper.pruner.n_warmup_step is not an argument of MedianPruner" in message
+
+
+BAD_SWEEP = """# @package _global_
+defaults:
+  - /schema/sweep/tpe@sweep
+  - override /hydra/sweeper: currytrain
+  - _self_
+sweep:
+  sampler: {_target_: optuna.samplers.NoSuchSampler}
+  objective: val/acc
+  params:
+    optimizer.lr: tag(log, interval(0, 1))
+    model.dim: choice()
+    optimizer.weight_decay: interval(0.1)
+hydra:
+  mode: MULTIRUN
+"""
+
+
+def test_bad_sweep_exits_2_before_any_trial(tmp_path):
+    (tmp_path / "conf" / "sweep").mkdir(parents=True)
+    (tmp_path / "conf" / "sweep" / "bad.yaml").write_text(BAD_SWEEP)
+    sweep_dir = tmp_path / "sweep"
+    result = launch(f"--config-dir={tmp_path / 'conf'}", "sweep=bad", f"hydra.sweep.dir={sweep_dir}")
+    assert result.returncode == 2, result.stderr[-3000:]
+    expected = (
+        "sweep.sampler._target_=optuna.samplers.NoSuchSampler is not a class of optuna.samplers",
+        "sweep.params.optimizer.lr=tag(log, interval(0, 1)): a log interval needs a positive low bound",
+        "sweep.params.model.dim=choice(): ",
+        "sweep.params.optimizer.weight_decay=interval(0.1)",
+        "sweep.objective=val/acc is not a metric",
+    )
+    for line in expected:
+        assert line in result.stderr, line
+    assert not sweep_dir.exists()
+
+
+def test_a_swept_key_that_is_not_in_the_config_exits_2(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    result = launch("-m", "sweep=tpe", "optimizer.lrr=interval(0.1, 0.2)", f"hydra.sweep.dir={sweep_dir}")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "optimizer.lrr is not a key of the config (did you mean optimizer.lr?)" in result.stderr
+    assert not sweep_dir.exists()
+
+
+def test_pruning_hook_reports_and_prunes_through_real_storage(tmp_path, monkeypatch):
+    from currytrain.sweep.pruning import build_pruning_hook
+    from currytrain.trainer.hooks import Action
+
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="s", storage=open_storage(storage))
+    first = study.ask()
+    for step, value in ((2, 1.0), (4, 0.9)):
+        first.report(value, step)
+    study.tell(first, 0.9)
+    second = study.ask()
+    spec = SweepSpec("s", storage, ["minimize"], ["val/loss"], {"_target_": "optuna.pruners.MedianPruner", "n_startup_trials": 1, "n_warmup_steps": 0})
+    monkeypatch.setenv(ENV_SPEC, str(spec.save(tmp_path)))
+    monkeypatch.setenv(ENV_TRIAL, str(second.number))
+    hook = build_pruning_hook()
+    assert hook.after_step(1, {"train/loss": 9.0}).action is Action.CONTINUE  # no eval, nothing to report
+    assert hook.after_step(2, {"val/loss": 0.95}).action is Action.CONTINUE  # better than the median at step 2 (1.0)
+    decision = hook.after_step(4, {"val/loss": 5.0})
+    assert decision.action is Action.PRUNE and "val/loss=5.0000 at step 4" in decision.reason
+    assert study.trials[second.number].intermediate_values == {2: 0.95, 4: 5.0}  # the best (0.95) is worse than 0.9
+
+
+@pytest.mark.parametrize("mode", ["fail", "requeue"])
+def test_trials_a_killed_sweeper_left_running_are_recovered_from_their_journals(tmp_path, mode):
+    from currytrain.journal import Journal
+    from currytrain.sweep.study import counted, recover_interrupted
+
+    study = optuna.create_study(study_name="s", storage=open_storage(f"sqlite:///{tmp_path / 'optuna.db'}"))
+    endings = {
+        0: ("finish", {"step": 6, "val_loss": 2.5, "seconds": 1.0}),
+        1: ("pruned", {"message": "pruned at step 3"}),
+        2: ("failure", {"message": "boom"}),
+        3: None,
+    }
+    space = {"lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)}
+    for number, ending in endings.items():
+        trial = study.ask(space)
+        trial.set_user_attr("run_dir", str(tmp_path / str(number)))
+        journal = Journal(tmp_path / str(number) / "journal.jsonl")
+        journal.event("start", step=0, num_params=10)
+        if ending:
+            journal.event(ending[0], **ending[1])
+    recover_interrupted(study, ["val/loss"], mode)
+    trials = study.get_trials()
+    assert [t.state for t in trials[:4]] == [TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.FAIL]
+    assert trials[0].value == 2.5 and "boom" in trials[2].user_attrs["reason"] and trials[3].user_attrs["interrupted"]
+    if mode == "fail":
+        assert len(trials) == 4 and counted(study) == 4
+    else:  # the interrupted trial is asked again with its parameters and does not count twice
+        assert trials[4].state == TrialState.WAITING and counted(study) == 3
+        assert study.ask(space).params["lr"] == trials[3].params["lr"]
+
+
+def _prune_on_rank(rank: int, world: int, port: int, spec_path: str, number: int, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from currytrain.sweep.pruning import build_pruning_hook
+
+    torch.set_num_threads(1)
+    os.environ.update({"RANK": str(rank), ENV_SPEC: spec_path, ENV_TRIAL: str(number)})
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        hook = build_pruning_hook()
+        decisions = [hook.after_step(step, {"val/loss": value}).action.value for step, value in ((2, 0.95), (4, 5.0))]
+        Path(out, f"rank{rank}").write_text(",".join(decisions) + f",{hook.trial is not None}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_in_a_two_worker_trial_rank_0_decides_and_every_rank_prunes(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="s", storage=open_storage(storage))
+    first = study.ask()
+    first.report(1.0, 2)
+    first.report(0.9, 4)
+    study.tell(first, 0.9)
+    second = study.ask()
+    spec = SweepSpec("s", storage, ["minimize"], ["val/loss"], {"_target_": "optuna.pruners.MedianPruner", "n_startup_trials": 1})
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    mp.spawn(_prune_on_rank, args=(2, port, str(spec.save(tmp_path)), second.number, str(tmp_path)), nprocs=2)
+    assert (tmp_path / "rank0").read_text() == "continue,prune,True"
+    assert (tmp_path / "rank1").read_text() == "continue,prune,False"  # rank 1 never opened the study
+    assert study.trials[second.number].intermediate_values == {2: 0.95, 4: 5.0}  # reported once, by rank 0
+
+
+def test_sweep_runner_with_a_hydra_optuna_sweeper_config(hydra_sweep_runner: TSweepRunner, tmp_path):
+    """A plain Hydra app (no curryTrain run) swept the way Hydra tests its sweepers."""
+    sweep = hydra_sweep_runner(
+        calling_file=None,
+        calling_module="tests.sweep_app.app",
+        task_function=quadratic,
+        config_path=".",
+        config_name="config",
+        overrides=[f"hydra.sweep.dir={tmp_path}"],
+        temp_dir=tmp_path,
+    )
+    with sweep:  # the runner removes its folder on exit: read everything inside
+        results = OmegaConf.load(tmp_path / "optimization_results.yaml")
+        study = _study(tmp_path, "quadratic")
+        trials = study.trials
+    assert len(trials) == 8 and all(t.state == TrialState.COMPLETE for t in trials)
+    assert all(t.params["n"] in (1, 2, 3) for t in trials)  # range(1, 4) never gives 4
+    assert results.best_value == pytest.approx(min(t.value for t in trials))
+    assert set(results.best_params) == {"x", "n", "op"}
+
+
+def test_multi_objective_sweep_writes_its_pareto_front(hydra_sweep_runner: TSweepRunner, tmp_path):
+    sweep = hydra_sweep_runner(
+        calling_file=None,
+        calling_module="tests.sweep_app.app",
+        task_function=two_objectives,
+        config_path=".",
+        config_name="multi",
+        overrides=[],
+        temp_dir=tmp_path,
+    )
+    with sweep:
+        results = OmegaConf.load(tmp_path / "optimization_results.yaml")
+        trials = _study(tmp_path, "pareto").trials
+    assert len(trials) == 6 and all(len(t.values) == 2 for t in trials)
+    front = {(s["values"][0], s["values"][1]) for s in results.solutions}
+    dominated = [t for t in trials if any(o.values[0] <= t.values[0] and o.values[1] >= t.values[1] and o.values != t.values for o in trials)]
+    assert front and not front & {tuple(t.values) for t in dominated}
+
+
+@pytest.mark.slow
+def test_sweep_tpe_writes_results_report_and_resumes_to_n_trials(tmp_path):
+    sweep_dir = tmp_path / "tpe"
+    args = ("-m", "sweep=tpe", f"hydra.sweep.dir={sweep_dir}")
+    result = launch(*args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    study = _study(sweep_dir, "tpe")
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 6
+    results = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert results["best_value"] == pytest.approx(study.best_value) and results["best_trial"] == study.best_trial.number
+    assert set(results["best_params"]) == {"optimizer.lr"}
+    report = (sweep_dir / "report.md").read_text()
+    assert report.count("| COMPLETE |") == 6 and "## Parameter importances" in report
+    assert (sweep_dir / "optimization_history.png").stat().st_size > 1000
+    for trial in study.trials:  # each trial ran in its own folder, and reported its eval to the study
+        assert Path(trial.user_attrs["run_dir"]) == sweep_dir / str(trial.number)
+        assert trial.intermediate_values and "finish" in (sweep_dir / str(trial.number) / "journal.jsonl").read_text()
+    again = launch(*args, "sweep.n_trials=7")  # the same command resumes: one more trial, not seven
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert len(_study(sweep_dir, "tpe").trials) == 7 and not (sweep_dir / "7").exists()
+
+
+@pytest.mark.slow
+def test_hydra_optuna_sweeper_config_runs_unchanged_and_a_nan_trial_is_fail_not_best(tmp_path):
+    (tmp_path / "hparams_search").mkdir()
+    (tmp_path / "hparams_search" / "init_optuna.yaml").write_text(
+        "# @package _global_\n"
+        "defaults:\n  - override /hydra/sweeper: optuna\n"
+        "hydra:\n  mode: MULTIRUN\n  sweeper:\n"
+        "    _target_: hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper\n"
+        "    storage: null\n    study_name: null\n    n_jobs: 1\n    direction: minimize\n    n_trials: 2\n    max_failure_rate: 0.5\n"
+        "    sampler:\n      _target_: optuna.samplers.GridSampler\n      seed: 1234\n"
+        "    params:\n      model.init_std: choice(0.02, 1e38)\n"
+    )
+    sweep_dir = tmp_path / "sweep"
+    result = launch(f"--config-dir={tmp_path}", "+hparams_search=init_optuna", f"hydra.sweep.dir={sweep_dir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    trials = {t.params["model.init_std"]: t for t in _study(sweep_dir, "currytrain").trials}
+    assert trials[1e38].state == TrialState.FAIL and "the final val loss is nan" in trials[1e38].user_attrs["reason"]
+    assert trials[0.02].state == TrialState.COMPLETE
+    results = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert results["best_params"] == {"model.init_std": 0.02} and math.isfinite(results["best_value"])
+    assert "failure" in (Path(trials[1e38].user_attrs["run_dir"]) / "journal.jsonl").read_text()
+
+
+@pytest.mark.slow
+def test_a_killed_sweeper_resumes_to_exactly_n_trials(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    args = ["-m", "sweep=random", "sweep.n_trials=5", f"hydra.sweep.dir={sweep_dir}"]
+    command = [sys.executable, str(ROOT / "launch.py"), *args[:1], *TINY, *args[1:]]
+    sweeper = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + 240
+    while not (sweep_dir / "3" / "journal.jsonl").exists() and sweeper.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    sweeper.send_signal(signal.SIGKILL)  # three trials done, the fourth one running
+    sweeper.wait()
+    assert sum(t.state == TrialState.COMPLETE for t in _study(sweep_dir, "random").trials) == 3
+    again = launch(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    trials = _study(sweep_dir, "random").trials
+    assert [t.number for t in trials] == [0, 1, 2, 3, 4]
+    assert all(t.state.is_finished() for t in trials)
+    assert trials[3].state == TrialState.FAIL and trials[3].user_attrs["interrupted"]
+    assert len({t.user_attrs["run_dir"] for t in trials}) == 5
+    assert len({t.params["optimizer.lr"] for t in trials}) == 5  # reseeded: the resumed sampler does not replay
+
+
+@pytest.mark.slow
+def test_submitit_local_keeps_n_jobs_trials_in_flight_and_records_pruned_trials(tmp_path):
+    sweep_dir = tmp_path / "asha"
+    result = launch("-m", "sweep=asha", "hydra/launcher=submitit_local", "sweep.n_jobs=2", "sweep.n_trials=3", f"hydra.sweep.dir={sweep_dir}", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "asynchronous trials: up to 2 in flight" in result.stdout + result.stderr
+    trials = _study(sweep_dir, "asha").trials
+    assert len(trials) == 3 and all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+    assert (sweep_dir / ".submitit").is_dir() and (sweep_dir / "optimization_results.yaml").is_file()
+    for trial in trials:  # a pruned trial stopped at an eval and journaled why
+        journal = (sweep_dir / str(trial.number) / "journal.jsonl").read_text()
+        assert ('"type": "pruned"' in journal) == (trial.state == TrialState.PRUNED)
