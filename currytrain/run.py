@@ -49,7 +49,8 @@ def write_run_record(cfg: DictConfig, run_dir: Path, overrides: list[str], cwd: 
 
 
 def run(cfg: DictConfig) -> float:
-    """Hydra task: record the run, then train in this process. Returns the final val loss (sweeps read it)."""
+    """Hydra task: record the run, then train (here, or in the workers it starts). Returns the final val loss
+    (sweeps read it). Under submitit with several tasks, the tasks of rank > 0 train from rank 0's record."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -63,17 +64,24 @@ def run(cfg: DictConfig) -> float:
         # after on_multirun_start, each with its own swept values and folder, so each is checked here.
         # A bad job raises: the launcher records it and the other jobs still run.
         raise_on_problems(validate(cfg, str(run_dir)))
-    if workers.under_torchrun() and hydra_cfg.mode == RunMode.MULTIRUN:
-        raise ConfigError("-m under torchrun: every rank would run every job; run the sweep with launch.py alone (parallel.nproc=N starts the workers)")
+        if workers.under_torchrun():
+            raise ConfigError("-m under torchrun: every rank would run every job; run the sweep with launch.py alone (parallel.nproc=N starts the workers)")
     if rank != 0:  # a submitit task of a multi-task job: rank 0 writes the record, this one trains from it
         workers.wait_for_record(run_dir)
         return run_worker(run_dir / RESOLVED)
     resolved_path = write_run_record(cfg, run_dir, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.cwd))
+    return start_workers(cfg, resolved_path)
+
+
+def start_workers(cfg: DictConfig, resolved_path: Path) -> float:
+    """Train from the written record: here (one process), in the workers started here (parallel.nproc > 1),
+    or here as rank 0 of workers someone else started (torchrun, submitit), after telling them the folder."""
+    from currytrain.parallel import workers
+
     if workers.in_submitit_task():
-        workers.record_ready(run_dir).parent.mkdir(exist_ok=True)
-        workers.record_ready(run_dir).touch()
-    elif workers.under_torchrun():  # this is rank 0: the others train from this folder's record
-        workers.publish_run_dir(run_dir)
+        workers.mark_record_ready(resolved_path.parent)
+    elif workers.under_torchrun():
+        workers.publish_run_dir(resolved_path.parent)
     elif cfg.parallel.nproc > 1:
         return workers.launch_workers(resolved_path, cfg.parallel.nproc)
     return run_worker(resolved_path)

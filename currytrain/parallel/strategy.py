@@ -13,7 +13,6 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -30,12 +29,23 @@ log = logging.getLogger(__name__)
 
 
 class Parallel:
-    def __init__(self, nproc: int = 1, dp_replicate: int = 1, dp_shard: int = 1, cp: int = 1, tp: int = 1, pp: int = 1, ep: int = 1, **how: Any):
+    def __init__(
+        self,
+        nproc: int = 1,
+        dp_replicate: int = 1,
+        dp_shard: int = 1,
+        cp: int = 1,
+        tp: int = 1,
+        pp: int = 1,
+        ep: int = 1,
+        zero_stage: int = 0,
+        runtime: str = "torch",
+        backend: str = "auto",
+    ):
+        """The fields of ParallelConfig (see there)."""
         self.nproc = nproc
         self.degrees = {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "cp": cp, "tp": tp, "pp": pp, "ep": ep}
-        self.zero_stage: int = how.get("zero_stage", 0)
-        self.runtime: str = how.get("runtime", "torch")
-        self.backend: str = how.get("backend", "auto")
+        self.zero_stage, self.runtime, self.backend = zero_stage, runtime, backend
         self._owns_group = False
 
     def setup(self, device: str) -> ParallelState:

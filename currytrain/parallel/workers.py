@@ -198,6 +198,12 @@ def record_ready(run_dir: Path) -> Path:
     return Path(run_dir) / WORKERS_DIR / f"record_ready.{submitit.JobEnvironment().job_id}"
 
 
+def mark_record_ready(run_dir: Path) -> None:
+    marker = record_ready(run_dir)
+    marker.parent.mkdir(exist_ok=True)
+    marker.touch()
+
+
 def wait_for_record(run_dir: Path) -> None:
     import time
 
