@@ -65,11 +65,17 @@ def model_node_of(path: str | Path) -> dict[str, Any] | None:
     return None
 
 
+NOT_IN_WEIGHTS = ("max_seq_len", "init_std")
+"""Model fields that neither shape a weight nor change what a weight computes: max_seq_len only sizes the RoPE
+tables (positions keep their angles whatever the table length), init_std only draws the weights that loading
+replaces. A config may differ from the weights' node in these (fine-tune an 8k-context import at 512)."""
+
+
 def architecture_mismatch(node: Mapping[str, Any], model_cfg: Mapping[str, Any]) -> str | None:
     """Why model_cfg cannot load weights written with `node` (the overrides that fix it), or None if it can."""
     if node.get("_target_") != model_cfg.get("_target_"):
         return f"holds a {node.get('_target_')}, the config builds {model_cfg.get('_target_')}: choose the matching model="
-    fields = {key: value for key, value in node.items() if key not in APPLIED_FROM_OUTSIDE and key in model_cfg}
+    fields = {key: value for key, value in node.items() if key not in APPLIED_FROM_OUTSIDE + NOT_IN_WEIGHTS and key in model_cfg}
     mismatched = {key: value for key, value in fields.items() if model_cfg[key] != value}
     if not mismatched:
         return None

@@ -41,12 +41,23 @@ TINY = dict(
     max_position_embeddings=64,
 )
 
-# architecture -> (config class, overrides): each case exercises what its family adds.
+LLAMA3_SCALING = dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=16)
+
+# case -> (architecture, config class, overrides): each case exercises what its family or shape adds.
 CASES = {
-    "LlamaForCausalLM": ("LlamaConfig", dict(rope_theta=500000.0, rms_norm_eps=1e-5)),
-    "Qwen2ForCausalLM": ("Qwen2Config", dict(tie_word_embeddings=True, rope_theta=1e6)),  # q/k/v biases, tied head
-    "Qwen3ForCausalLM": ("Qwen3Config", dict(head_dim=16)),  # per-head q/k norms
-    "MixtralForCausalLM": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "LlamaForCausalLM": ("LlamaForCausalLM", "LlamaConfig", dict(rope_theta=500000.0, rms_norm_eps=1e-5)),
+    "Qwen2ForCausalLM": ("Qwen2ForCausalLM", "Qwen2Config", dict(tie_word_embeddings=True, rope_theta=1e6)),  # q/k/v biases, tied head
+    "Qwen3ForCausalLM": ("Qwen3ForCausalLM", "Qwen3Config", dict(head_dim=16)),  # per-head q/k norms
+    "MixtralForCausalLM": ("MixtralForCausalLM", "MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2)),
+    # Qwen3-0.6B's shape: head_dim (32) wider than hidden/heads (16), tied head.
+    "qwen3-0.6b-shaped": ("Qwen3ForCausalLM", "Qwen3Config", dict(head_dim=32, tie_word_embeddings=True)),
+    # Llama 3.2's: llama3 RoPE scaling (an original context of 16 so the ramp bends this small head's bands), tied head.
+    "llama-3.2-shaped": ("LlamaForCausalLM", "LlamaConfig", dict(rope_theta=500000.0, tie_word_embeddings=True, rope_scaling=LLAMA3_SCALING)),
+    "llama-linear-rope": ("LlamaForCausalLM", "LlamaConfig", dict(rope_scaling=dict(rope_type="linear", factor=4.0))),
+    # Mistral v0.1 attends over a sliding window (6 < the 16 test tokens and the 24 generated); v0.3 has none.
+    "mistral-v0.1-shaped": ("MistralForCausalLM", "MistralConfig", dict(sliding_window=6, head_dim=16)),
+    "mistral-v0.3-shaped": ("MistralForCausalLM", "MistralConfig", dict(sliding_window=None, head_dim=24)),
+    "mixtral-windowed": ("MixtralForCausalLM", "MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=5)),
 }
 NUM_NEW_TOKENS = 20
 
@@ -63,8 +74,8 @@ def randomize_(model: torch.nn.Module) -> None:
                 param.normal_(0.0, 0.1)
 
 
-def make_hf_model(architecture: str, **overrides) -> torch.nn.Module:
-    config_class, case = CASES[architecture]
+def make_hf_model(name: str, **overrides) -> torch.nn.Module:
+    architecture, config_class, case = CASES[name]
     config = getattr(transformers, config_class)(**{**TINY, **case, **overrides})
     torch.manual_seed(0)
     model = getattr(transformers, architecture)(config).eval()
@@ -111,9 +122,10 @@ def load_exported(folder: Path) -> torch.nn.Module:
 TOKENS = torch.randint(0, TINY["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(1))
 
 
-@pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM"])
-def test_import_export_round_trip_matches_transformers(architecture, tmp_path):
-    reference = make_hf_model(architecture)
+@pytest.mark.parametrize("case", list(CASES))
+def test_import_export_round_trip_matches_transformers(case, tmp_path):
+    architecture = CASES[case][0]
+    reference = make_hf_model(case)
     reference.save_pretrained(tmp_path / "hf")
 
     import_hf(str(tmp_path / "hf"), tmp_path / "imported")
@@ -141,7 +153,7 @@ def test_import_folder_layout(tmp_path):
     (tmp_path / "hf" / "tokenizer_config.json").write_text("{}")
     out = import_hf(str(tmp_path / "hf"), tmp_path / "imported")
 
-    assert sorted(p.name for p in out.iterdir()) == ["hf", "import.json", "model.safetensors", "model.yaml"]
+    assert sorted(p.name for p in out.iterdir()) == ["experiment", "hf", "import.json", "model.safetensors", "model.yaml"]
     assert sorted(p.name for p in (out / "hf").iterdir()) == ["config.json", "generation_config.json", "tokenizer_config.json"]
     node, state, _ = read_model(out)
     assert node["_target_"] == "currytrain.model.gqa.GQATransformer"
@@ -265,21 +277,15 @@ def test_export_family_follows_the_model_class(monkeypatch):
 @pytest.mark.parametrize(
     "architecture, overrides, message",
     [
-        ("LlamaForCausalLM", dict(rope_scaling={"rope_type": "linear", "factor": 2.0}), "rope scaling rope_type=linear"),
-        (
-            "LlamaForCausalLM",  # Llama 3.1+
-            dict(rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=32)),
-            r"rope_type=llama3 .*not supported yet.*rope_type=default",
-        ),
+        ("LlamaForCausalLM", dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), r"rope_type=dynamic .*default, linear and llama3"),
         ("LlamaForCausalLM", dict(attention_bias=True), "attention_bias"),
         ("LlamaForCausalLM", dict(hidden_act="gelu"), "hidden_act=gelu"),
         ("Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=16, max_window_layers=0), "sliding-window"),
-        ("Qwen3ForCausalLM", dict(head_dim=32), r"head_dim=32 differs from hidden_size/num_attention_heads=16 .*not supported yet"),
-        ("MixtralForCausalLM", dict(sliding_window=16), "sliding_window=16"),
+        ("mistral-v0.3-shaped", dict(attention_bias=True), "attention_bias"),
     ],
 )
 def test_unsupported_configs_are_refused(architecture, overrides, message, tmp_path):
-    config_class, case = CASES[architecture]
+    architecture, config_class, case = CASES[architecture]
     config = getattr(transformers, config_class)(**{**TINY, **case, **overrides})
     config.architectures = [architecture]
     config.save_pretrained(tmp_path / "hf")

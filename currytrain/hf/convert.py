@@ -6,6 +6,7 @@ An import folder:
     model.safetensors   the weights under curryTrain parameter names, in the source's dtype
     hf/                 the source's config.json, generation_config.json and tokenizer files, verbatim
     import.json         provenance: source, architecture, parameter count
+    experiment/finetune.yaml   a launch.py experiment that fine-tunes the import on text with its tokenizer
 
 Weights move through safetensors only; nothing is unpickled. Folders are written under a temporary
 name and renamed into place, so an interrupted command leaves no half-written output.
@@ -25,6 +26,7 @@ from omegaconf import OmegaConf
 
 from currytrain.errors import ConfigError
 from currytrain.hf.families import FAMILIES, IGNORED_SUFFIXES, Family, family_for_model
+from currytrain.hf.finetune import write_finetune_experiment
 from currytrain.hf.hub import resolve_source
 from currytrain.weights import MODEL_YAML, RESOLVED, architecture_mismatch, find_checkpoint, model_node_of
 
@@ -156,6 +158,7 @@ def import_hf(source: str, out: str | Path | None = None, revision: str | None =
                 shutil.copy2(path, stage / HF_DIR / path.name)
         provenance = {"source": source, "folder": str(folder.resolve()), "architecture": family.architecture, "num_params": num_params}
         (stage / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
+        write_finetune_experiment(stage, node, out, source)
     log.info("imported %s (%s, %.2fM parameters) -> %s", source, family.architecture, num_params / 1e6, out)
     return out
 
@@ -242,7 +245,8 @@ def write_hf(
 ) -> None:
     """The HF folder of a model node and its state (curryTrain names); hf_dir: an import's original files."""
     transformers = _require("transformers")
-    family = family_for_model(node)
+    original = json.loads((hf_dir / "config.json").read_text()) if hf_dir is not None else {}
+    family = family_for_model(node, prefer=(original.get("architectures") or [None])[0])
     if isinstance(family, str):
         raise ConfigError(f"{what}: {family}")
     problems = family.export_problems(node)
@@ -259,7 +263,6 @@ def write_hf(
     tensors = {name: t.detach().to(target).contiguous() for name, t in tensors.items()}
     kwargs = family.hf_kwargs(node)
     if hf_dir is not None:  # an import: keep the tokenizer's special ids
-        original = json.loads((hf_dir / "config.json").read_text())
         kwargs.update({key: original[key] for key in TOKEN_IDS if key in original})
     else:  # a run on curryTrain's own data: no tokenizer, so no special tokens to claim
         kwargs.update(dict.fromkeys(TOKEN_IDS))
