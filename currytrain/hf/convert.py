@@ -187,7 +187,26 @@ def read_model(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor
     checkpoint = find_checkpoint(path)
     if checkpoint is None:
         raise ConfigError(f"{path} has no complete checkpoint under checkpoints/: let the run finish (it saves at the end) or pass trainer.checkpoint_every=N")
-    return node, _load_checkpoint(node, checkpoint), None
+    return node, _load_checkpoint(node, checkpoint), _run_hf_dir(path)
+
+
+def _run_hf_dir(path: Path) -> Path | None:
+    """The HF files a run carries on: the hf/ of the import it started from (trainer.init_from), else the
+    folder of its data.tokenizer (tokenizer files only). None for runs on curryTrain's byte corpora."""
+    resolved = next((p / RESOLVED for p in (path, path.parent.parent) if (p / RESOLVED).is_file()), None)
+    if resolved is None:
+        return None
+    cfg = OmegaConf.load(resolved)
+    init_from = Path(str(OmegaConf.select(cfg, "trainer.init_from", default="none"))).expanduser()
+    if (init_from / HF_DIR / "config.json").is_file():
+        return init_from / HF_DIR
+    tokenizer = OmegaConf.select(cfg, "data.tokenizer", default=None)
+    if tokenizer:
+        from currytrain.data.tokenizer import find_tokenizer
+
+        found, _ = find_tokenizer(str(tokenizer))
+        return found.parent if found is not None else None
+    return None
 
 
 def _load_checkpoint(node: dict[str, Any], checkpoint: Path) -> dict[str, torch.Tensor]:
@@ -245,7 +264,8 @@ def write_hf(
 ) -> None:
     """The HF folder of a model node and its state (curryTrain names); hf_dir: an import's original files."""
     transformers = _require("transformers")
-    original = json.loads((hf_dir / "config.json").read_text()) if hf_dir is not None else {}
+    has_config = hf_dir is not None and (hf_dir / "config.json").is_file()
+    original = json.loads((hf_dir / "config.json").read_text()) if has_config else {}
     family = family_for_model(node, prefer=(original.get("architectures") or [None])[0])
     if isinstance(family, str):
         raise ConfigError(f"{what}: {family}")
@@ -262,7 +282,7 @@ def write_hf(
     target = DTYPES[dtype] if dtype else next(iter(tensors.values())).dtype
     tensors = {name: t.detach().to(target).contiguous() for name, t in tensors.items()}
     kwargs = family.hf_kwargs(node)
-    if hf_dir is not None:  # an import: keep the tokenizer's special ids
+    if has_config:  # an import: keep the tokenizer's special ids
         kwargs.update({key: original[key] for key in TOKEN_IDS if key in original})
     else:  # a run on curryTrain's own data: no tokenizer, so no special tokens to claim
         kwargs.update(dict.fromkeys(TOKEN_IDS))
