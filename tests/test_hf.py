@@ -459,3 +459,67 @@ def test_training_starts_from_imported_weights(tmp_path):
     _, state, _ = read_model(imported)
     for name, tensor in state.items():
         torch.testing.assert_close(trainer.model.state_dict()[name], tensor, rtol=0, atol=0)
+
+
+def test_rope_scaling_and_window_change_the_logits(tmp_path):
+    """Negative controls for the parity cases: the imported llama3 scaling and Mistral window are what make
+    the logits match; the same weights without them differ from transformers."""
+    from omegaconf import OmegaConf
+
+    from currytrain.model import build_model
+
+    for case, field, plain in (("llama-3.2-shaped", "rope_scaling", "none"), ("mistral-v0.1-shaped", "sliding_window", 0)):
+        make_hf_model(case).save_pretrained(tmp_path / case)
+        imported = import_hf(str(tmp_path / case), tmp_path / f"{case}-imported")
+        node, state, _ = read_model(imported)
+        assert node[field] not in (plain, None)
+        unscaled = build_model(OmegaConf.create({**node, field: plain})).eval()
+        unscaled.load_state_dict({**state, "output.weight": state.get("output.weight", state["tok_embeddings.weight"])})
+        with torch.no_grad():
+            assert (unscaled(TOKENS) - load_model(imported)(TOKENS)).abs().max() > 1e-3
+    assert "head_dim" not in node and node["sliding_window"] == 6  # head_dim 16 == 64 / 4: derived, not stored
+
+
+def test_import_writes_a_finetune_experiment_naming_the_model_option(tmp_path):
+    """MoE imports name model=moe (not a class); max_seq_len is shortened; the CLI prints the command."""
+    make_hf_model("MixtralForCausalLM", max_position_embeddings=4096).save_pretrained(tmp_path / "hf")
+    done = cli("hf", "import", str(tmp_path / "hf"), "--out", str(tmp_path / "imported"))
+    assert done.returncode == 0, done.stderr
+    folder = (tmp_path / "imported").resolve()
+    assert f"python launch.py hydra.searchpath=[file://{folder}] experiment=finetune data.paths=[YOUR_TEXT]" in done.stdout
+    text = (folder / "experiment" / "finetune.yaml").read_text()
+    assert text.startswith("# @package _global_\n") and "override /model: moe" in text and "override /data: tokens" in text
+    assert "max_seq_len: 512" in text and "_target_" not in text
+    assert "data.tokenizer=" in text  # this import has no tokenizer.json: the file says what to pass
+
+
+def test_init_from_accepts_a_shorter_context(tmp_path, compose_cfg):
+    """max_seq_len only sizes the RoPE tables: a config may train an import at a shorter context."""
+    from currytrain.validate import validate
+
+    make_hf_model("llama-3.2-shaped").save_pretrained(tmp_path / "hf")
+    imported = import_hf(str(tmp_path / "hf"), tmp_path / "imported")
+    node, _, _ = read_model(imported)
+    fields = [f"model.{k}={v}" for k, v in node.items() if k not in ("_target_", "max_seq_len")]
+    fields.append("data=synthetic")  # token ids below the import's vocab_size=128
+    cfg = compose_cfg(*fields, "model.max_seq_len=16", f"trainer.init_from={imported}", tiny=False)
+    assert validate(cfg) == []
+    problems = validate(compose_cfg(*fields, "model.rope_scaling=none", f"trainer.init_from={imported}", tiny=False))
+    assert len(problems) == 1 and "pass model.rope_scaling=llama3" in problems[0]
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.rope_scaling=yarn", r"model.rope_scaling=yarn is not one of \['none', 'linear', 'llama3'\]"),
+        ("model.head_dim=15", "the head size 15 is odd"),
+        ("model.sliding_window=-1", "model.sliding_window=-1 must be >= 0"),
+        ("model.rope_high_freq_factor=0.5", "must exceed model.rope_low_freq_factor"),
+    ],
+)
+def test_bad_rope_fields_are_config_errors(override, message, compose_cfg):
+    from currytrain.validate import validate
+
+    extra = ["model.rope_scaling=llama3"] if "freq" in override else []
+    problems = validate(compose_cfg(*extra, override))
+    assert any(__import__("re").search(message, p) for p in problems), problems
