@@ -22,7 +22,7 @@ from currytrain.build import target_problems
 from currytrain.data.config import BYTE_VOCAB
 from currytrain.errors import ConfigError, ConfigRejected
 from currytrain.optim.config import AdamWConfig
-from currytrain.weights import architecture_mismatch, model_node_of, resume_checkpoint
+from currytrain.weights import architecture_mismatch, model_node_of, resume_checkpoint, safetensors_problem
 
 
 def schema_of(node: DictConfig) -> type | None:
@@ -114,6 +114,9 @@ def _check_init_from(cfg: DictConfig) -> list[str]:
     node = model_node_of(init_from) if Path(init_from).expanduser().exists() else None
     if node is None:
         return [f"trainer.init_from={init_from} is not an import folder (currytrain hf import), a run folder or a checkpoint: pass one of those"]
+    weights = Path(init_from).expanduser() / "model.safetensors"
+    if weights.is_file() and (broken := safetensors_problem(weights)):
+        return [f"trainer.init_from={init_from}: {broken}"]
     problem = _model_problem(node, cfg)
     return [f"trainer.init_from={init_from} {problem}"] if problem else []
 

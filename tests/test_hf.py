@@ -523,3 +523,48 @@ def test_bad_rope_fields_are_config_errors(override, message, compose_cfg):
     extra = ["model.rope_scaling=llama3"] if "freq" in override else []
     problems = validate(compose_cfg(*extra, override))
     assert any(__import__("re").search(message, p) for p in problems), problems
+
+
+def corrupt(path: Path, kind: str) -> None:
+    """Damage a safetensors file the ways downloads and disks do."""
+    blob = path.read_bytes()
+    damaged = {
+        "empty": b"",
+        "random": bytes(torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(3), dtype=torch.uint8).tolist()),
+        "truncated": blob[: len(blob) - 100],
+        "header": blob[:8] + b"{not json" + blob[17:],
+    }[kind]
+    path.write_bytes(damaged)
+
+
+@pytest.mark.parametrize("kind", ["empty", "random", "truncated", "header"])
+def test_corrupted_safetensors_are_refused_naming_the_file(kind, tmp_path):
+    """import, export and init_from: one ConfigError naming the file, nothing written."""
+    from currytrain.weights import safetensors_problem
+
+    make_hf_model("LlamaForCausalLM").save_pretrained(tmp_path / "hf")
+    imported = import_hf(str(tmp_path / "hf"), tmp_path / "imported")
+    assert safetensors_problem(tmp_path / "hf" / "model.safetensors") is None
+    for weights, action, out in (
+        (tmp_path / "hf" / "model.safetensors", lambda: import_hf(str(tmp_path / "hf"), tmp_path / "again"), tmp_path / "again"),
+        (imported / "model.safetensors", lambda: export_hf(imported, tmp_path / "exported"), tmp_path / "exported"),
+    ):
+        corrupt(weights, kind)
+        with pytest.raises(ConfigError) as error:
+            action()
+        assert str(weights) in str(error.value) and "\n" not in str(error.value)
+        assert not out.exists()
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_corrupted_weights_exit_2_from_the_commands(tmp_path):
+    make_hf_model("LlamaForCausalLM").save_pretrained(tmp_path / "hf")
+    imported = import_hf(str(tmp_path / "hf"), tmp_path / "imported")
+    corrupt(imported / "model.safetensors", "truncated")
+    run = launch("data=synthetic", f"trainer.init_from={imported}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert run.returncode == 2 and f"{imported}/model.safetensors is truncated or corrupted" in run.stderr, run.stderr[-2000:]
+    assert "Traceback" not in run.stderr and not (tmp_path / "run").exists()
+    corrupt(tmp_path / "hf" / "model.safetensors", "random")
+    done = cli("hf", "import", str(tmp_path / "hf"), "--out", str(tmp_path / "again"))
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0 and f"{tmp_path}/hf/model.safetensors" in done.stderr, done.stderr
+    assert not (tmp_path / "again").exists()

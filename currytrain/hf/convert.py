@@ -28,7 +28,7 @@ from currytrain.errors import ConfigError
 from currytrain.hf.families import FAMILIES, IGNORED_SUFFIXES, Family, family_for_model
 from currytrain.hf.finetune import write_finetune_experiment
 from currytrain.hf.hub import resolve_source
-from currytrain.weights import MODEL_YAML, RESOLVED, architecture_mismatch, find_checkpoint, model_node_of
+from currytrain.weights import MODEL_YAML, RESOLVED, architecture_mismatch, find_checkpoint, model_node_of, safetensors_problem
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +59,13 @@ class SafetensorsReader:
         safetensors = _require("safetensors")
         index = folder / INDEX
         if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (ValueError, KeyError, TypeError):
+                raise ConfigError(f"{index} is not a safetensors index (JSON with a weight_map): download the checkpoint again") from None
             files = {name: folder / shard for name, shard in weight_map.items()}
         elif (folder / WEIGHTS).is_file():
+            _check_safetensors(folder / WEIGHTS)
             with safetensors.safe_open(folder / WEIGHTS, framework="pt") as handle:
                 files = {name: folder / WEIGHTS for name in handle.keys()}
         else:
@@ -80,8 +84,15 @@ class SafetensorsReader:
         if path not in self._open:
             if not path.is_file():
                 raise ConfigError(f"{path} is listed in {INDEX} but missing: download the checkpoint again")
+            _check_safetensors(path)
             self._open[path] = self._safe_open(path, framework="pt")
         return self._open[path].get_tensor(name)
+
+
+def _check_safetensors(path: Path) -> None:
+    """A ConfigError naming `path` when it is not a complete safetensors file (read before any tensor is)."""
+    if problem := safetensors_problem(path):
+        raise ConfigError(problem)
 
 
 def _family_of(hf_config: Any) -> Family:
@@ -173,6 +184,7 @@ def read_model(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor
     if (path / MODEL_YAML).is_file() and (path / WEIGHTS).is_file():
         node = OmegaConf.to_container(OmegaConf.load(path / MODEL_YAML), resolve=True)
         safetensors_torch = _require("safetensors.torch")
+        _check_safetensors(path / WEIGHTS)
         state = safetensors_torch.load_file(path / WEIGHTS)
         if node.get("tie_embeddings"):
             state.pop("output.weight", None)
