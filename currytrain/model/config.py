@@ -123,11 +123,10 @@ class RopeDecoderConfig(DecoderConfig):
         for key in ("head_dim", "sliding_window"):
             if not node[key] >= 0:
                 problems.append(f"{path}.{key}={node[key]} must be >= 0 (0 is the default): pass {path}.{key}=0")
-        heads_divide = node.head_dim > 0 or (node.n_heads >= 1 and node.dim % node.n_heads == 0)
-        if heads_divide and node.n_heads >= 1 and head_size(node) % 2:
-            problems.append(
-                f"{path}: the head size {head_size(node)} is odd, RoPE needs an even head size: change {path}.head_dim, {path}.dim or {path}.n_heads"
-            )
+        if node.head_dim > 0 and node.head_dim % 2:
+            problems.append(f"{path}.head_dim={node.head_dim} is odd, RoPE needs an even head size: pass {path}.head_dim={node.head_dim + 1}")
+        elif node.head_dim == 0 and node.n_heads >= 1 and node.dim % node.n_heads == 0 and head_size(node) % 2:
+            problems.append(f"{path}.dim/{path}.n_heads={head_size(node)} is odd, RoPE needs an even head size: change {path}.dim or {path}.n_heads")
         if node.rope_scaling != "none":
             problems += positive(node, path, "rope_factor", 8.0)
         if node.rope_scaling == "llama3":
