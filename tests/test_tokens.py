@@ -163,6 +163,7 @@ def test_import_finetune_on_text_and_export(tokenizer, tmp_path):
     out = export_hf(run, tmp_path / "exported")
     assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
     model = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.max_position_embeddings == config.max_position_embeddings  # trained at 64, the context stays
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     prompt = torch.tensor([hf_tokenizer.encode("document 3: the quick")])
     assert model(prompt).logits.shape == (1, prompt.shape[1], VOCAB)

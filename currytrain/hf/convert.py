@@ -14,10 +14,12 @@ name and renamed into place, so an interrupted command leaves no half-written ou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +68,7 @@ class SafetensorsReader:
             files = {name: folder / shard for name, shard in weight_map.items()}
         elif (folder / WEIGHTS).is_file():
             _check_safetensors(folder / WEIGHTS)
-            with safetensors.safe_open(folder / WEIGHTS, framework="pt") as handle:
+            with _unreadable(folder / WEIGHTS), safetensors.safe_open(folder / WEIGHTS, framework="pt") as handle:
                 files = {name: folder / WEIGHTS for name in handle.keys()}
         else:
             pickled = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt*"))
@@ -85,14 +87,27 @@ class SafetensorsReader:
             if not path.is_file():
                 raise ConfigError(f"{path} is listed in {INDEX} but missing: download the checkpoint again")
             _check_safetensors(path)
-            self._open[path] = self._safe_open(path, framework="pt")
-        return self._open[path].get_tensor(name)
+            with _unreadable(path):
+                self._open[path] = self._safe_open(path, framework="pt")
+        with _unreadable(path):
+            return self._open[path].get_tensor(name)
 
 
 def _check_safetensors(path: Path) -> None:
     """A ConfigError naming `path` when it is not a complete safetensors file (read before any tensor is)."""
     if problem := safetensors_problem(path):
         raise ConfigError(problem)
+
+
+@contextlib.contextmanager
+def _unreadable(path: Path) -> Iterator[None]:
+    """safetensors' own error (a header that parses but describes impossible tensors) as a ConfigError naming the file."""
+    try:
+        yield
+    except Exception as error:
+        if type(error).__name__ != "SafetensorError":
+            raise
+        raise ConfigError(f"{path} is not a readable safetensors file ({error}); download or write it again") from None
 
 
 def _family_of(hf_config: Any) -> Family:
@@ -185,7 +200,8 @@ def read_model(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor
         node = OmegaConf.to_container(OmegaConf.load(path / MODEL_YAML), resolve=True)
         safetensors_torch = _require("safetensors.torch")
         _check_safetensors(path / WEIGHTS)
-        state = safetensors_torch.load_file(path / WEIGHTS)
+        with _unreadable(path / WEIGHTS):
+            state = safetensors_torch.load_file(path / WEIGHTS)
         if node.get("tie_embeddings"):
             state.pop("output.weight", None)
         hf_dir = path / HF_DIR
@@ -296,6 +312,8 @@ def write_hf(
     kwargs = family.hf_kwargs(node)
     if has_config:  # an import: keep the tokenizer's special ids
         kwargs.update({key: original[key] for key in TOKEN_IDS if key in original})
+        # A fine-tune at a shorter model.max_seq_len (it only sizes the RoPE tables) keeps the checkpoint's context.
+        kwargs["max_position_embeddings"] = max(kwargs["max_position_embeddings"], original.get("max_position_embeddings", 0))
     else:  # a run on curryTrain's own data: no tokenizer, so no special tokens to claim
         kwargs.update(dict.fromkeys(TOKEN_IDS))
     config = getattr(transformers, family.config_class)(**kwargs)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from currytrain.build import target_problem
-from currytrain.model.config import GQAConfig, MoEConfig, RopeDecoderConfig
+from currytrain.model.config import GQAConfig, MoEConfig
 from currytrain.model.gqa import GQATransformer
 from currytrain.model.moe import MoETransformer
 
@@ -104,10 +104,10 @@ def _rope_node(hf: Any) -> dict[str, Any]:
     kind = ROPE_TYPES[scaling.get("rope_type", scaling.get("type", "default"))]
     if kind == "none":
         return {}
-    return {
-        "rope_scaling": kind,
-        **{ROPE_KEYS[key]: type(RopeDecoderConfig.__dataclass_fields__[ROPE_KEYS[key]].default)(scaling[key]) for key in ROPE_FIELDS[kind]},
-    }
+    fields = {ROPE_KEYS[key]: float(scaling[key]) for key in ROPE_FIELDS[kind]}
+    if "rope_original_max_seq_len" in fields:  # a token count
+        fields["rope_original_max_seq_len"] = int(fields["rope_original_max_seq_len"])
+    return {"rope_scaling": kind, **fields}
 
 
 def _decoder_node(hf: Any, target: str) -> dict[str, Any]:

@@ -77,7 +77,8 @@ class DecoderConfig:
         if node.n_heads < 1 or node.n_kv_heads < 1 or node.dim < 1:
             return problems
         if node.dim % node.n_heads and not node.get("head_dim", 0):
-            problems.append(f"{path}.n_heads={node.n_heads} does not divide {path}.dim={node.dim}: choose {path}.n_heads in {divisors(node.dim)[:12]}")
+            also = f" or set {path}.head_dim" if "head_dim" in node else ""
+            problems.append(f"{path}.n_heads={node.n_heads} does not divide {path}.dim={node.dim}: choose {path}.n_heads in {divisors(node.dim)[:12]}{also}")
         if node.n_heads % node.n_kv_heads:
             problems.append(
                 f"{path}.n_kv_heads={node.n_kv_heads} does not divide {path}.n_heads={node.n_heads}: choose {path}.n_kv_heads in {divisors(node.n_heads)}"
