@@ -167,3 +167,20 @@ def test_import_finetune_on_text_and_export(tokenizer, tmp_path):
     hf_tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     prompt = torch.tensor([hf_tokenizer.encode("document 3: the quick")])
     assert model(prompt).logits.shape == (1, prompt.shape[1], VOCAB)
+
+
+def test_jsonl_records_are_documents_and_a_missing_field_is_named(tokenizer, tmp_path):
+    folder = tmp_path / "jsonl"
+    folder.mkdir()
+    records = [{"text": f"record {i}: the quick brown fox jumps over the lazy dog. " * 8, "id": i} for i in range(10)]
+    (folder / "part.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n\n")
+    data = corpus(tokenizer, folder, tmp_path / "cache", val_fraction=0.2)
+    assert json.loads((data.cache / "meta.json").read_text())["num_docs"] == 10
+
+    (folder / "bad.jsonl").write_text('{"text": "fine"}\n{"body": "no text field"}\n')
+    with pytest.raises(ConfigError, match=r"data.text_field=text: .*bad\.jsonl line 2 has no string field 'text' \(it has \['body'\]\)"):
+        corpus(tokenizer, folder, tmp_path / "cache")
+    (folder / "bad.jsonl").write_text('{"text": "fine"}\nnot json\n')
+    with pytest.raises(ConfigError, match=r"bad\.jsonl line 2 is not JSON"):
+        corpus(tokenizer, folder, tmp_path / "cache")
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [data.cache.name], "nothing half-written"

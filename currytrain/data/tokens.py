@@ -1,6 +1,7 @@
 """data=tokens: text files tokenized once by a local tokenizer into a memory-mapped token cache.
 
-The text is cut into documents (whole files, or blank-line-separated paragraphs) and the documents are
+The text is cut into documents (whole files, blank-line-separated paragraphs, or the records of .jsonl
+files) and the documents are
 split into train and val before anything is tokenized, so no document contributes tokens to both. The
 tokenizer is never fitted on the data; each document is encoded on its own and followed by the EOS id.
 
@@ -51,24 +52,48 @@ def dtype_for(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
 
 
-def read_documents(files: list[Path], documents: str) -> list[str]:
-    """The documents of `files` in a fixed order (files sorted by path, then their paragraphs)."""
+def read_documents(files: list[Path], documents: str, text_field: str = "text") -> list[str]:
+    """The documents of `files` in a fixed order (files sorted by path, then their paragraphs or records).
+    A .jsonl file holds one document per line, in the string field `text_field` of each JSON object."""
     docs = []
     for path in sorted(files):
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as error:
             raise ConfigError(f"data.paths: {path} is not UTF-8 text ({error.reason} at byte {error.start}): remove it or narrow data.suffixes") from None
-        parts = [text] if documents == "file" else _PARAGRAPH.split(text)
+        if path.suffix == ".jsonl":
+            parts = _jsonl_texts(path, text, text_field)
+        else:
+            parts = [text] if documents == "file" else _PARAGRAPH.split(text)
         docs += [part for part in parts if part.strip()]
     return docs
 
 
-def cache_key(tokenizer_path: Path, eos: int | None, documents: str, files: list[Path]) -> str:
+def _jsonl_texts(path: Path, text: str, text_field: str) -> list[str]:
+    """The `text_field` string of every record of a JSON-lines file, or a ConfigError naming the line."""
+    texts = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as error:
+            raise ConfigError(f"data.paths: {path} line {number} is not JSON ({error.msg}): fix the file or remove it from data.paths") from None
+        value = record.get(text_field) if isinstance(record, dict) else None
+        if not isinstance(value, str):
+            keys = sorted(record)[:8] if isinstance(record, dict) else type(record).__name__
+            raise ConfigError(
+                f"data.text_field={text_field}: {path} line {number} has no string field {text_field!r} (it has {keys}): pass data.text_field=<the field holding the text>"
+            )
+        texts.append(value)
+    return texts
+
+
+def cache_key(tokenizer_path: Path, eos: int | None, documents: str, files: list[Path], text_field: str = "text") -> str:
     """Hash of everything the token ids depend on; the files' bytes, not their times, so a touch keeps it."""
     digest = hashlib.blake2b(digest_size=12)
     digest.update(tokenizer_path.read_bytes())
-    digest.update(f"|eos={eos}|documents={documents}|".encode())
+    digest.update(f"|eos={eos}|documents={documents}|text_field={text_field}|".encode())
     for path in sorted(files):
         digest.update(f"{path.name}:".encode())
         digest.update(hashlib.blake2b(path.read_bytes(), digest_size=16).digest())
@@ -114,11 +139,13 @@ def _encode(tokenizer: Any, docs: list[str], eos: int | None, dtype: np.dtype, o
     return offsets
 
 
-def build_cache(folder: Path, tokenizer: Any, tokenizer_path: Path, files: list[Path], documents: str, eos: int | None) -> bool:
+def build_cache(folder: Path, tokenizer: Any, tokenizer_path: Path, files: list[Path], documents: str, eos: int | None, text_field: str = "text") -> bool:
     """Tokenize into `folder` unless it is there already; True when it was built now."""
     if (folder / "meta.json").is_file():
         return False
-    docs = read_documents(files, documents)
+    docs = read_documents(files, documents, text_field)
+    if not docs:
+        raise ConfigError("data.paths hold no text (every file or record is empty): pass files with text")
     vocab = vocab_size_of(tokenizer)
     dtype = dtype_for(vocab)
     with _atomic_folder(folder) as stage:
@@ -173,8 +200,9 @@ class TokenizedText(TokenCorpus):
         tokenizer: str,
         paths: list[str],
         seq_len: int,
-        suffixes: list[str] = (".txt", ".md"),
+        suffixes: list[str] = (".txt", ".md", ".jsonl"),
         documents: str = "file",
+        text_field: str = "text",
         eos_token: str = "auto",
         cache_dir: str = "runs/token_cache",
         val_fraction: float = 0.1,
@@ -187,8 +215,8 @@ class TokenizedText(TokenCorpus):
         tok = load_tokenizer(tokenizer_path)
         self.vocab_size = vocab_size_of(tok)
         eos = eos_id(tok, tokenizer_path, eos_token)
-        self.cache = Path(cache_dir).expanduser() / cache_key(tokenizer_path, eos, documents, files)
-        self.built = build_cache(self.cache, tok, tokenizer_path, files, documents, eos)
+        self.cache = Path(cache_dir).expanduser() / cache_key(tokenizer_path, eos, documents, files, text_field)
+        self.built = build_cache(self.cache, tok, tokenizer_path, files, documents, eos, text_field)
         if not self.built:
             log.info("token cache reused: %s", self.cache)
         dtype = json.loads((self.cache / "meta.json").read_text())["dtype"]
