@@ -184,3 +184,21 @@ def test_jsonl_records_are_documents_and_a_missing_field_is_named(tokenizer, tmp
     with pytest.raises(ConfigError, match=r"bad\.jsonl line 2 is not JSON"):
         corpus(tokenizer, folder, tmp_path / "cache")
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [data.cache.name], "nothing half-written"
+
+
+def test_parquet_rows_are_documents_and_bad_files_are_named(tokenizer, tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "parquet"
+    folder.mkdir()
+    texts = [f"row {i}: the cat sat on the mat and the dog ran. " * 6 for i in range(8)]
+    pq.write_table(pa.table({"content": texts, "id": list(range(8))}), folder / "rows.parquet")
+    with pytest.raises(ConfigError, match=r"data.text_field=text: .*rows\.parquet has no column 'text' \(it has \['content', 'id'\]\)"):
+        corpus(tokenizer, folder, tmp_path / "cache")
+    data = corpus(tokenizer, folder, tmp_path / "cache", text_field="content", val_fraction=0.25)
+    assert json.loads((data.cache / "meta.json").read_text())["num_docs"] == 8
+
+    (folder / "broken.parquet").write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(ConfigError, match=r"broken\.parquet is not a readable Parquet file"):
+        corpus(tokenizer, folder, tmp_path / "cache", text_field="content")

@@ -1,7 +1,7 @@
 """data=tokens: text files tokenized once by a local tokenizer into a memory-mapped token cache.
 
 The text is cut into documents (whole files, blank-line-separated paragraphs, or the records of .jsonl
-files) and the documents are
+files, the rows of .parquet files) and the documents are
 split into train and val before anything is tokenized, so no document contributes tokens to both. The
 tokenizer is never fitted on the data; each document is encoded on its own and followed by the EOS id.
 
@@ -57,16 +57,42 @@ def read_documents(files: list[Path], documents: str, text_field: str = "text") 
     A .jsonl file holds one document per line, in the string field `text_field` of each JSON object."""
     docs = []
     for path in sorted(files):
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as error:
-            raise ConfigError(f"data.paths: {path} is not UTF-8 text ({error.reason} at byte {error.start}): remove it or narrow data.suffixes") from None
-        if path.suffix == ".jsonl":
-            parts = _jsonl_texts(path, text, text_field)
+        if path.suffix == ".parquet":
+            parts = _parquet_texts(path, text_field)
+        elif path.suffix == ".jsonl":
+            parts = _jsonl_texts(path, _utf8(path), text_field)
         else:
+            text = _utf8(path)
             parts = [text] if documents == "file" else _PARAGRAPH.split(text)
-        docs += [part for part in parts if part.strip()]
+        docs += [part for part in parts if part and part.strip()]
     return docs
+
+
+def _utf8(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"data.paths: {path} is not UTF-8 text ({error.reason} at byte {error.start}): remove it or narrow data.suffixes") from None
+
+
+def _parquet_texts(path: Path, text_field: str) -> list[str]:
+    """The `text_field` column of a Parquet file (read with pyarrow, the `parquet` extra)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ConfigError(f"data.paths: reading {path} needs pyarrow: pip install 'currytrain[parquet]'") from None
+    try:
+        schema = pq.read_schema(path)
+    except Exception as error:  # pyarrow raises ArrowInvalid/OSError subclasses for unreadable files
+        raise ConfigError(f"data.paths: {path} is not a readable Parquet file ({type(error).__name__}: {error}): fix or remove it") from None
+    if text_field not in schema.names:
+        raise ConfigError(
+            f"data.text_field={text_field}: {path} has no column {text_field!r} (it has {schema.names[:8]}): pass data.text_field=<the text column>"
+        )
+    column = pq.read_table(path, columns=[text_field]).column(text_field)
+    if str(column.type) not in ("string", "large_string"):
+        raise ConfigError(f"data.text_field={text_field}: the column of {path} holds {column.type}, not text: pass data.text_field=<the text column>")
+    return column.to_pylist()
 
 
 def _jsonl_texts(path: Path, text: str, text_field: str) -> list[str]:
@@ -200,7 +226,7 @@ class TokenizedText(TokenCorpus):
         tokenizer: str,
         paths: list[str],
         seq_len: int,
-        suffixes: list[str] = (".txt", ".md", ".jsonl"),
+        suffixes: list[str] = (".txt", ".md", ".jsonl", ".parquet"),
         documents: str = "file",
         text_field: str = "text",
         eos_token: str = "auto",
