@@ -512,7 +512,7 @@ def test_init_from_accepts_a_shorter_context(tmp_path, compose_cfg):
     "override, message",
     [
         ("model.rope_scaling=yarn", r"model.rope_scaling=yarn is not one of \['none', 'linear', 'llama3'\]"),
-        ("model.head_dim=15", "the head size 15 is odd"),
+        ("model.head_dim=15", "model.head_dim=15 is odd, RoPE needs an even head size: pass model.head_dim=16"),
         ("model.sliding_window=-1", "model.sliding_window=-1 must be >= 0"),
         ("model.rope_high_freq_factor=0.5", "must exceed model.rope_low_freq_factor"),
     ],
