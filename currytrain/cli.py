@@ -27,9 +27,11 @@ from currytrain.errors import ConfigError, Outcome
 
 def _hf_import(args: argparse.Namespace) -> None:
     from currytrain.hf import import_hf
+    from currytrain.hf.finetune import EXPERIMENT, finetune_command
 
     out = import_hf(args.src, args.out, revision=args.revision, overwrite=args.overwrite)
     print(f"imported {args.src} -> {out} (model.yaml + model.safetensors)")
+    print(f"fine-tune it on your text ({out / EXPERIMENT}):\n  {finetune_command(out)}")
 
 
 def _hf_export(args: argparse.Namespace) -> None:

@@ -20,7 +20,7 @@ from omegaconf import MISSING
 
 from currytrain.abort.config import AbortConfig, NoAbortConfig
 from currytrain.check.config import NoCheckConfig
-from currytrain.data.config import StdlibBytesConfig, SyntheticConfig, TextConfig
+from currytrain.data.config import StdlibBytesConfig, SyntheticConfig, TextConfig, TokensConfig
 from currytrain.logger.config import JsonlConfig, MLflowConfig, TensorBoardConfig, WandbConfig
 from currytrain.model.config import GQAConfig, MoEConfig, SpikingConfig
 from currytrain.optim.config import AdamWConfig, SGDConfig
@@ -31,7 +31,7 @@ from currytrain.trainer.config import TrainerConfig
 # group -> option name -> schema. The YAML option <group>/<name>.yaml extends /schema/<group>/<name>.
 SCHEMAS: dict[str, dict[str, type]] = {
     "model": {"gqa": GQAConfig, "moe": MoEConfig, "spiking": SpikingConfig},
-    "data": {"bytes": StdlibBytesConfig, "text": TextConfig, "synthetic": SyntheticConfig},
+    "data": {"bytes": StdlibBytesConfig, "text": TextConfig, "synthetic": SyntheticConfig, "tokens": TokensConfig},
     "parallel": {name: ParallelConfig for name in ("single", "ddp", "zero1", "zero2", "fsdp", "hsdp")},
     "optimizer": {"adamw": AdamWConfig, "sgd": SGDConfig},
     "logger": {"tensorboard": TensorBoardConfig, "jsonl": JsonlConfig, "mlflow": MLflowConfig, "wandb": WandbConfig},

@@ -24,7 +24,7 @@ from currytrain.errors import ConfigError, ConfigRejected
 from currytrain.optim.config import AdamWConfig
 from currytrain.parallel.config import ParallelConfig
 from currytrain.parallel.dims import ParallelDims, launched_world_size
-from currytrain.weights import architecture_mismatch, model_node_of, resume_checkpoint
+from currytrain.weights import architecture_mismatch, model_node_of, resume_checkpoint, safetensors_problem
 
 
 def schema_of(node: DictConfig) -> type | None:
@@ -70,15 +70,24 @@ def check_tree(node: DictConfig, path: str = "") -> list[str]:
 # ------------------------------------------------------------------------------------------ across groups
 
 
+def _data_vocab(data: DictConfig) -> tuple[int | None, str]:
+    """(token ids the data can hold, what they come from); None when the tokenizer is unreadable (its own check says why)."""
+    if "tokenizer" in data:
+        from currytrain.data.tokenizer import tokenizer_vocab_size
+
+        return tokenizer_vocab_size(data.tokenizer)[0], f"the vocabulary of data.tokenizer={data.tokenizer}"
+    return (data.vocab_size if "vocab_size" in data else BYTE_VOCAB), "the data's vocabulary"
+
+
 def _check_model_and_data(cfg: DictConfig) -> list[str]:
     data, model, problems = cfg.data, cfg.model, []
     if "max_seq_len" in model and data.seq_len > model.max_seq_len >= 1:
         problems.append(
             f"data.seq_len={data.seq_len} exceeds model.max_seq_len={model.max_seq_len}: pass data.seq_len={model.max_seq_len} or raise model.max_seq_len"
         )
-    data_vocab = data.vocab_size if "vocab_size" in data else BYTE_VOCAB
-    if "vocab_size" in model and data_vocab > model.vocab_size:
-        problems.append(f"model.vocab_size={model.vocab_size} is smaller than the data's vocabulary ({data_vocab}): pass model.vocab_size={data_vocab}")
+    data_vocab, source = _data_vocab(data)
+    if "vocab_size" in model and data_vocab is not None and data_vocab > model.vocab_size:
+        problems.append(f"model.vocab_size={model.vocab_size} is smaller than {source} ({data_vocab}): pass model.vocab_size={data_vocab}")
     # muP's per-layer rules here are Adam's.
     if model.get("mup", False) and not _is(cfg.optimizer, AdamWConfig):
         problems.append(
@@ -107,6 +116,9 @@ def _check_init_from(cfg: DictConfig) -> list[str]:
     node = model_node_of(init_from) if Path(init_from).expanduser().exists() else None
     if node is None:
         return [f"trainer.init_from={init_from} is not an import folder (currytrain hf import), a run folder or a checkpoint: pass one of those"]
+    weights = Path(init_from).expanduser() / "model.safetensors"
+    if weights.is_file() and (broken := safetensors_problem(weights)):
+        return [f"trainer.init_from={init_from}: {broken}"]
     problem = _model_problem(node, cfg)
     return [f"trainer.init_from={init_from} {problem}"] if problem else []
 

@@ -7,6 +7,7 @@ folder (resolved.yaml + checkpoints/) or one checkpoint folder (<run>/checkpoint
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -65,12 +66,47 @@ def model_node_of(path: str | Path) -> dict[str, Any] | None:
     return None
 
 
+NOT_IN_WEIGHTS = ("max_seq_len", "init_std")
+"""Model fields that neither shape a weight nor change what a weight computes: max_seq_len only sizes the RoPE
+tables (positions keep their angles whatever the table length), init_std only draws the weights that loading
+replaces. A config may differ from the weights' node in these (fine-tune an 8k-context import at 512)."""
+
+
 def architecture_mismatch(node: Mapping[str, Any], model_cfg: Mapping[str, Any]) -> str | None:
     """Why model_cfg cannot load weights written with `node` (the overrides that fix it), or None if it can."""
     if node.get("_target_") != model_cfg.get("_target_"):
         return f"holds a {node.get('_target_')}, the config builds {model_cfg.get('_target_')}: choose the matching model="
-    fields = {key: value for key, value in node.items() if key not in APPLIED_FROM_OUTSIDE and key in model_cfg}
+    fields = {key: value for key, value in node.items() if key not in APPLIED_FROM_OUTSIDE + NOT_IN_WEIGHTS and key in model_cfg}
     mismatched = {key: value for key, value in fields.items() if model_cfg[key] != value}
     if not mismatched:
         return None
     return "holds a model the config does not describe: pass " + " ".join(f"model.{k}={v}" for k, v in mismatched.items())
+
+
+SAFETENSORS_HEADER_MAX = 100_000_000
+"""The largest header (bytes) a safetensors file may declare (the format's own limit)."""
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why `path` is not a complete safetensors file (empty, random bytes, broken header, truncated), or None.
+
+    Reads only the header: an 8-byte little-endian length, that many bytes of JSON, then the tensor data,
+    whose extent the header's data_offsets must cover exactly."""
+    size = path.stat().st_size
+    if size < 8:
+        return f"{path} is not a safetensors file: {'it is empty' if size == 0 else f'it has {size} bytes'}; download or write it again"
+    with path.open("rb") as handle:
+        length = int.from_bytes(handle.read(8), "little")
+        if length > min(size - 8, SAFETENSORS_HEADER_MAX):
+            return f"{path} is not a safetensors file: its header length {length} exceeds the file ({size} bytes); download or write it again"
+        try:
+            header = json.loads(handle.read(length))
+            ends = [int(entry["data_offsets"][1]) for name, entry in header.items() if name != "__metadata__"]
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            return f"{path} is not a safetensors file: its header is not valid safetensors JSON; download or write it again"
+    data = size - 8 - length
+    if max(ends, default=0) != data:
+        return (
+            f"{path} is truncated or corrupted: its header describes {max(ends, default=0)} bytes of tensors, the file holds {data}; download or write it again"
+        )
+    return None

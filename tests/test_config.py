@@ -57,6 +57,12 @@ def _option_overrides(group: str, option: str, tmp_path: Path) -> list[str]:
         for index in range(3):
             (text / f"part{index}.txt").write_text("the quick brown fox jumps over the lazy dog\n" * 40)
         overrides.append(f"data.paths=[{text}]")
+    if (group, option) == ("data", "tokens"):
+        from tiny_tokenizer import train_tokenizer, write_corpus
+
+        tokenizer = train_tokenizer(tmp_path / "tokenizer")
+        overrides += [f"data.tokenizer={tokenizer}", f"data.paths=[{write_corpus(tmp_path / 'corpus')}]", f"data.cache_dir={tmp_path / 'cache'}"]
+        overrides.append("model.vocab_size=320")
     return overrides
 
 

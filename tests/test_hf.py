@@ -41,12 +41,23 @@ TINY = dict(
     max_position_embeddings=64,
 )
 
-# architecture -> (config class, overrides): each case exercises what its family adds.
+LLAMA3_SCALING = dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=16)
+
+# case -> (architecture, config class, overrides): each case exercises what its family or shape adds.
 CASES = {
-    "LlamaForCausalLM": ("LlamaConfig", dict(rope_theta=500000.0, rms_norm_eps=1e-5)),
-    "Qwen2ForCausalLM": ("Qwen2Config", dict(tie_word_embeddings=True, rope_theta=1e6)),  # q/k/v biases, tied head
-    "Qwen3ForCausalLM": ("Qwen3Config", dict(head_dim=16)),  # per-head q/k norms
-    "MixtralForCausalLM": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "LlamaForCausalLM": ("LlamaForCausalLM", "LlamaConfig", dict(rope_theta=500000.0, rms_norm_eps=1e-5)),
+    "Qwen2ForCausalLM": ("Qwen2ForCausalLM", "Qwen2Config", dict(tie_word_embeddings=True, rope_theta=1e6)),  # q/k/v biases, tied head
+    "Qwen3ForCausalLM": ("Qwen3ForCausalLM", "Qwen3Config", dict(head_dim=16)),  # per-head q/k norms
+    "MixtralForCausalLM": ("MixtralForCausalLM", "MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2)),
+    # Qwen3-0.6B's shape: head_dim (32) wider than hidden/heads (16), tied head.
+    "qwen3-0.6b-shaped": ("Qwen3ForCausalLM", "Qwen3Config", dict(head_dim=32, tie_word_embeddings=True)),
+    # Llama 3.2's: llama3 RoPE scaling (an original context of 16 so the ramp bends this small head's bands), tied head.
+    "llama-3.2-shaped": ("LlamaForCausalLM", "LlamaConfig", dict(rope_theta=500000.0, tie_word_embeddings=True, rope_scaling=LLAMA3_SCALING)),
+    "llama-linear-rope": ("LlamaForCausalLM", "LlamaConfig", dict(rope_scaling=dict(rope_type="linear", factor=4.0))),
+    # Mistral v0.1 attends over a sliding window (6 < the 16 test tokens and the 24 generated); v0.3 has none.
+    "mistral-v0.1-shaped": ("MistralForCausalLM", "MistralConfig", dict(sliding_window=6, head_dim=16)),
+    "mistral-v0.3-shaped": ("MistralForCausalLM", "MistralConfig", dict(sliding_window=None, head_dim=24)),
+    "mixtral-windowed": ("MixtralForCausalLM", "MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=5)),
 }
 NUM_NEW_TOKENS = 20
 
@@ -63,8 +74,8 @@ def randomize_(model: torch.nn.Module) -> None:
                 param.normal_(0.0, 0.1)
 
 
-def make_hf_model(architecture: str, **overrides) -> torch.nn.Module:
-    config_class, case = CASES[architecture]
+def make_hf_model(name: str, **overrides) -> torch.nn.Module:
+    architecture, config_class, case = CASES[name]
     config = getattr(transformers, config_class)(**{**TINY, **case, **overrides})
     torch.manual_seed(0)
     model = getattr(transformers, architecture)(config).eval()
@@ -111,9 +122,10 @@ def load_exported(folder: Path) -> torch.nn.Module:
 TOKENS = torch.randint(0, TINY["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(1))
 
 
-@pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MixtralForCausalLM"])
-def test_import_export_round_trip_matches_transformers(architecture, tmp_path):
-    reference = make_hf_model(architecture)
+@pytest.mark.parametrize("case", list(CASES))
+def test_import_export_round_trip_matches_transformers(case, tmp_path):
+    architecture = CASES[case][0]
+    reference = make_hf_model(case)
     reference.save_pretrained(tmp_path / "hf")
 
     import_hf(str(tmp_path / "hf"), tmp_path / "imported")
@@ -141,7 +153,7 @@ def test_import_folder_layout(tmp_path):
     (tmp_path / "hf" / "tokenizer_config.json").write_text("{}")
     out = import_hf(str(tmp_path / "hf"), tmp_path / "imported")
 
-    assert sorted(p.name for p in out.iterdir()) == ["hf", "import.json", "model.safetensors", "model.yaml"]
+    assert sorted(p.name for p in out.iterdir()) == ["experiment", "hf", "import.json", "model.safetensors", "model.yaml"]
     assert sorted(p.name for p in (out / "hf").iterdir()) == ["config.json", "generation_config.json", "tokenizer_config.json"]
     node, state, _ = read_model(out)
     assert node["_target_"] == "currytrain.model.gqa.GQATransformer"
@@ -265,21 +277,15 @@ def test_export_family_follows_the_model_class(monkeypatch):
 @pytest.mark.parametrize(
     "architecture, overrides, message",
     [
-        ("LlamaForCausalLM", dict(rope_scaling={"rope_type": "linear", "factor": 2.0}), "rope scaling rope_type=linear"),
-        (
-            "LlamaForCausalLM",  # Llama 3.1+
-            dict(rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=32)),
-            r"rope_type=llama3 .*not supported yet.*rope_type=default",
-        ),
+        ("LlamaForCausalLM", dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), r"rope_type=dynamic .*default, linear and llama3"),
         ("LlamaForCausalLM", dict(attention_bias=True), "attention_bias"),
         ("LlamaForCausalLM", dict(hidden_act="gelu"), "hidden_act=gelu"),
         ("Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=16, max_window_layers=0), "sliding-window"),
-        ("Qwen3ForCausalLM", dict(head_dim=32), r"head_dim=32 differs from hidden_size/num_attention_heads=16 .*not supported yet"),
-        ("MixtralForCausalLM", dict(sliding_window=16), "sliding_window=16"),
+        ("mistral-v0.3-shaped", dict(attention_bias=True), "attention_bias"),
     ],
 )
 def test_unsupported_configs_are_refused(architecture, overrides, message, tmp_path):
-    config_class, case = CASES[architecture]
+    architecture, config_class, case = CASES[architecture]
     config = getattr(transformers, config_class)(**{**TINY, **case, **overrides})
     config.architectures = [architecture]
     config.save_pretrained(tmp_path / "hf")
@@ -453,3 +459,112 @@ def test_training_starts_from_imported_weights(tmp_path):
     _, state, _ = read_model(imported)
     for name, tensor in state.items():
         torch.testing.assert_close(trainer.model.state_dict()[name], tensor, rtol=0, atol=0)
+
+
+def test_rope_scaling_and_window_change_the_logits(tmp_path):
+    """Negative controls for the parity cases: the imported llama3 scaling and Mistral window are what make
+    the logits match; the same weights without them differ from transformers."""
+    from omegaconf import OmegaConf
+
+    from currytrain.model import build_model
+
+    for case, field, plain in (("llama-3.2-shaped", "rope_scaling", "none"), ("mistral-v0.1-shaped", "sliding_window", 0)):
+        make_hf_model(case).save_pretrained(tmp_path / case)
+        imported = import_hf(str(tmp_path / case), tmp_path / f"{case}-imported")
+        node, state, _ = read_model(imported)
+        assert node[field] not in (plain, None)
+        unscaled = build_model(OmegaConf.create({**node, field: plain})).eval()
+        unscaled.load_state_dict({**state, "output.weight": state.get("output.weight", state["tok_embeddings.weight"])})
+        with torch.no_grad():
+            assert (unscaled(TOKENS) - load_model(imported)(TOKENS)).abs().max() > 1e-3
+    assert "head_dim" not in node and node["sliding_window"] == 6  # head_dim 16 == 64 / 4: derived, not stored
+
+
+def test_import_writes_a_finetune_experiment_naming_the_model_option(tmp_path):
+    """MoE imports name model=moe (not a class); max_seq_len is shortened; the CLI prints the command."""
+    make_hf_model("MixtralForCausalLM", max_position_embeddings=4096).save_pretrained(tmp_path / "hf")
+    done = cli("hf", "import", str(tmp_path / "hf"), "--out", str(tmp_path / "imported"))
+    assert done.returncode == 0, done.stderr
+    folder = (tmp_path / "imported").resolve()
+    assert f"python launch.py hydra.searchpath=[file://{folder}] experiment=finetune data.paths=[YOUR_TEXT]" in done.stdout
+    text = (folder / "experiment" / "finetune.yaml").read_text()
+    assert text.startswith("# @package _global_\n") and "override /model: moe" in text and "override /data: tokens" in text
+    assert "max_seq_len: 512" in text and "_target_" not in text
+    assert "data.tokenizer=" in text  # this import has no tokenizer.json: the file says what to pass
+
+
+def test_init_from_accepts_a_shorter_context(tmp_path, compose_cfg):
+    """max_seq_len only sizes the RoPE tables: a config may train an import at a shorter context."""
+    from currytrain.validate import validate
+
+    make_hf_model("llama-3.2-shaped").save_pretrained(tmp_path / "hf")
+    imported = import_hf(str(tmp_path / "hf"), tmp_path / "imported")
+    node, _, _ = read_model(imported)
+    fields = [f"model.{k}={v}" for k, v in node.items() if k not in ("_target_", "max_seq_len")]
+    fields.append("data=synthetic")  # token ids below the import's vocab_size=128
+    cfg = compose_cfg(*fields, "model.max_seq_len=16", f"trainer.init_from={imported}", tiny=False)
+    assert validate(cfg) == []
+    problems = validate(compose_cfg(*fields, "model.rope_scaling=none", f"trainer.init_from={imported}", tiny=False))
+    assert len(problems) == 1 and "pass model.rope_scaling=llama3" in problems[0]
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.rope_scaling=yarn", r"model.rope_scaling=yarn is not one of \['none', 'linear', 'llama3'\]"),
+        ("model.head_dim=15", "model.head_dim=15 is odd, RoPE needs an even head size: pass model.head_dim=16"),
+        ("model.sliding_window=-1", "model.sliding_window=-1 must be >= 0"),
+        ("model.rope_high_freq_factor=0.5", "must exceed model.rope_low_freq_factor"),
+    ],
+)
+def test_bad_rope_fields_are_config_errors(override, message, compose_cfg):
+    from currytrain.validate import validate
+
+    extra = ["model.rope_scaling=llama3"] if "freq" in override else []
+    problems = validate(compose_cfg(*extra, override))
+    assert any(__import__("re").search(message, p) for p in problems), problems
+
+
+def corrupt(path: Path, kind: str) -> None:
+    """Damage a safetensors file the ways downloads and disks do."""
+    blob = path.read_bytes()
+    damaged = {
+        "empty": b"",
+        "random": bytes(torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(3), dtype=torch.uint8).tolist()),
+        "truncated": blob[: len(blob) - 100],
+        "header": blob[:8] + b"{not json" + blob[17:],
+    }[kind]
+    path.write_bytes(damaged)
+
+
+@pytest.mark.parametrize("kind", ["empty", "random", "truncated", "header"])
+def test_corrupted_safetensors_are_refused_naming_the_file(kind, tmp_path):
+    """import, export and init_from: one ConfigError naming the file, nothing written."""
+    from currytrain.weights import safetensors_problem
+
+    make_hf_model("LlamaForCausalLM").save_pretrained(tmp_path / "hf")
+    imported = import_hf(str(tmp_path / "hf"), tmp_path / "imported")
+    assert safetensors_problem(tmp_path / "hf" / "model.safetensors") is None
+    for weights, action, out in (
+        (tmp_path / "hf" / "model.safetensors", lambda: import_hf(str(tmp_path / "hf"), tmp_path / "again"), tmp_path / "again"),
+        (imported / "model.safetensors", lambda: export_hf(imported, tmp_path / "exported"), tmp_path / "exported"),
+    ):
+        corrupt(weights, kind)
+        with pytest.raises(ConfigError) as error:
+            action()
+        assert str(weights) in str(error.value) and "\n" not in str(error.value)
+        assert not out.exists()
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_corrupted_weights_exit_2_from_the_commands(tmp_path):
+    make_hf_model("LlamaForCausalLM").save_pretrained(tmp_path / "hf")
+    imported = import_hf(str(tmp_path / "hf"), tmp_path / "imported")
+    corrupt(imported / "model.safetensors", "truncated")
+    run = launch("data=synthetic", f"trainer.init_from={imported}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert run.returncode == 2 and f"{imported}/model.safetensors is truncated or corrupted" in run.stderr, run.stderr[-2000:]
+    assert "Traceback" not in run.stderr and not (tmp_path / "run").exists()
+    corrupt(tmp_path / "hf" / "model.safetensors", "random")
+    done = cli("hf", "import", str(tmp_path / "hf"), "--out", str(tmp_path / "again"))
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0 and f"{tmp_path}/hf/model.safetensors" in done.stderr, done.stderr
+    assert not (tmp_path / "again").exists()

@@ -90,3 +90,47 @@ class SyntheticConfig:
         if node.num_tokens <= node.seq_len + 1:
             problems.append(f"{path}.num_tokens={node.num_tokens} must exceed {path}.seq_len + 1 = {node.seq_len + 1}: pass {path}.num_tokens=1000000")
         return problems
+
+
+@dataclass
+class TokensConfig:
+    """Text files tokenized by a local tokenizer into a memory-mapped cache (docs/data.md)."""
+
+    _target_: str = "currytrain.data.tokens.TokenizedText"
+    tokenizer: str = "???"
+    """A tokenizer.json, a folder holding one (a Hugging Face model folder) or a `currytrain hf import` folder."""
+    paths: list[str] = field(default_factory=list)
+    """Files or folders of UTF-8 text; folders are searched recursively for `suffixes`."""
+    suffixes: list[str] = field(default_factory=lambda: [".txt", ".md", ".jsonl", ".parquet"])
+    """File endings read from folders (files named directly are always read). A .jsonl file holds one
+    document per line, a JSON object whose `text_field` is the text; a .parquet file one per row."""
+    text_field: str = "text"
+    """The field of each .jsonl record, or the column of each .parquet file, that holds the text."""
+    documents: str = "file"
+    """What one document is: file (each file) or paragraph (blank-line-separated blocks). Documents are
+    split between train and val before tokenization; none contributes to both."""
+    eos_token: str = "auto"
+    """Token appended after every document: auto (the eos_token of tokenizer_config.json beside
+    tokenizer.json, nothing if there is none), none, or a token string of the vocabulary."""
+    cache_dir: str = "runs/token_cache"
+    """Folder of the token caches, one subfolder per (tokenizer, files, documents, EOS) hash; reused across runs."""
+    seq_len: int = "${model.max_seq_len}"  # type: ignore[assignment]
+    """Tokens per training sequence."""
+    val_fraction: float = 0.1
+    """Share of the documents held out for validation (at least one)."""
+    seed: int = "${seed}"  # type: ignore[assignment]
+    """Seed of the document split and of batch sampling."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        """The tokenizer and the text files exist (read, not tokenized), the split and document rule are valid."""
+        from currytrain.data.files import find_text_files
+        from currytrain.data.tokenizer import find_tokenizer
+
+        problems = at_least(node, path, ("seq_len",))
+        if not 0 < node.val_fraction < 1:
+            problems.append(f"{path}.val_fraction={node.val_fraction} must be in (0, 1): pass {path}.val_fraction=0.1")
+        if node.documents not in ("file", "paragraph"):
+            problems.append(f"{path}.documents={node.documents} is not one of ['file', 'paragraph']: pass {path}.documents=file")
+        _, problem = find_tokenizer(node.tokenizer)
+        return problems + ([problem] if problem else []) + find_text_files(node.paths, node.suffixes)[1]

@@ -6,6 +6,7 @@ An import folder:
     model.safetensors   the weights under curryTrain parameter names, in the source's dtype
     hf/                 the source's config.json, generation_config.json and tokenizer files, verbatim
     import.json         provenance: source, architecture, parameter count
+    experiment/finetune.yaml   a launch.py experiment that fine-tunes the import on text with its tokenizer
 
 Weights move through safetensors only; nothing is unpickled. Folders are written under a temporary
 name and renamed into place, so an interrupted command leaves no half-written output.
@@ -13,10 +14,12 @@ name and renamed into place, so an interrupted command leaves no half-written ou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +28,9 @@ from omegaconf import OmegaConf
 
 from currytrain.errors import ConfigError
 from currytrain.hf.families import FAMILIES, IGNORED_SUFFIXES, Family, family_for_model
+from currytrain.hf.finetune import write_finetune_experiment
 from currytrain.hf.hub import resolve_source
-from currytrain.weights import MODEL_YAML, RESOLVED, architecture_mismatch, find_checkpoint, model_node_of
+from currytrain.weights import MODEL_YAML, RESOLVED, architecture_mismatch, find_checkpoint, model_node_of, safetensors_problem
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +61,14 @@ class SafetensorsReader:
         safetensors = _require("safetensors")
         index = folder / INDEX
         if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (ValueError, KeyError, TypeError):
+                raise ConfigError(f"{index} is not a safetensors index (JSON with a weight_map): download the checkpoint again") from None
             files = {name: folder / shard for name, shard in weight_map.items()}
         elif (folder / WEIGHTS).is_file():
-            with safetensors.safe_open(folder / WEIGHTS, framework="pt") as handle:
+            _check_safetensors(folder / WEIGHTS)
+            with _unreadable(folder / WEIGHTS), safetensors.safe_open(folder / WEIGHTS, framework="pt") as handle:
                 files = {name: folder / WEIGHTS for name in handle.keys()}
         else:
             pickled = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt*"))
@@ -78,8 +86,28 @@ class SafetensorsReader:
         if path not in self._open:
             if not path.is_file():
                 raise ConfigError(f"{path} is listed in {INDEX} but missing: download the checkpoint again")
-            self._open[path] = self._safe_open(path, framework="pt")
-        return self._open[path].get_tensor(name)
+            _check_safetensors(path)
+            with _unreadable(path):
+                self._open[path] = self._safe_open(path, framework="pt")
+        with _unreadable(path):
+            return self._open[path].get_tensor(name)
+
+
+def _check_safetensors(path: Path) -> None:
+    """A ConfigError naming `path` when it is not a complete safetensors file (read before any tensor is)."""
+    if problem := safetensors_problem(path):
+        raise ConfigError(problem)
+
+
+@contextlib.contextmanager
+def _unreadable(path: Path) -> Iterator[None]:
+    """safetensors' own error (a header that parses but describes impossible tensors) as a ConfigError naming the file."""
+    try:
+        yield
+    except Exception as error:
+        if type(error).__name__ != "SafetensorError":
+            raise
+        raise ConfigError(f"{path} is not a readable safetensors file ({error}); download or write it again") from None
 
 
 def _family_of(hf_config: Any) -> Family:
@@ -156,6 +184,7 @@ def import_hf(source: str, out: str | Path | None = None, revision: str | None =
                 shutil.copy2(path, stage / HF_DIR / path.name)
         provenance = {"source": source, "folder": str(folder.resolve()), "architecture": family.architecture, "num_params": num_params}
         (stage / PROVENANCE).write_text(json.dumps(provenance, indent=2) + "\n")
+        write_finetune_experiment(stage, node, out, source)
     log.info("imported %s (%s, %.2fM parameters) -> %s", source, family.architecture, num_params / 1e6, out)
     return out
 
@@ -170,7 +199,9 @@ def read_model(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor
     if (path / MODEL_YAML).is_file() and (path / WEIGHTS).is_file():
         node = OmegaConf.to_container(OmegaConf.load(path / MODEL_YAML), resolve=True)
         safetensors_torch = _require("safetensors.torch")
-        state = safetensors_torch.load_file(path / WEIGHTS)
+        _check_safetensors(path / WEIGHTS)
+        with _unreadable(path / WEIGHTS):
+            state = safetensors_torch.load_file(path / WEIGHTS)
         if node.get("tie_embeddings"):
             state.pop("output.weight", None)
         hf_dir = path / HF_DIR
@@ -184,7 +215,26 @@ def read_model(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor
     checkpoint = find_checkpoint(path)
     if checkpoint is None:
         raise ConfigError(f"{path} has no complete checkpoint under checkpoints/: let the run finish (it saves at the end) or pass trainer.checkpoint_every=N")
-    return node, _load_checkpoint(node, checkpoint), None
+    return node, _load_checkpoint(node, checkpoint), _run_hf_dir(path)
+
+
+def _run_hf_dir(path: Path) -> Path | None:
+    """The HF files a run carries on: the hf/ of the import it started from (trainer.init_from), else the
+    folder of its data.tokenizer (tokenizer files only). None for runs on curryTrain's byte corpora."""
+    resolved = next((p / RESOLVED for p in (path, path.parent.parent) if (p / RESOLVED).is_file()), None)
+    if resolved is None:
+        return None
+    cfg = OmegaConf.load(resolved)
+    init_from = Path(str(OmegaConf.select(cfg, "trainer.init_from", default="none"))).expanduser()
+    if (init_from / HF_DIR / "config.json").is_file():
+        return init_from / HF_DIR
+    tokenizer = OmegaConf.select(cfg, "data.tokenizer", default=None)
+    if tokenizer:
+        from currytrain.data.tokenizer import find_tokenizer
+
+        found, _ = find_tokenizer(str(tokenizer))
+        return found.parent if found is not None else None
+    return None
 
 
 def _load_checkpoint(node: dict[str, Any], checkpoint: Path) -> dict[str, torch.Tensor]:
@@ -242,7 +292,9 @@ def write_hf(
 ) -> None:
     """The HF folder of a model node and its state (curryTrain names); hf_dir: an import's original files."""
     transformers = _require("transformers")
-    family = family_for_model(node)
+    has_config = hf_dir is not None and (hf_dir / "config.json").is_file()
+    original = json.loads((hf_dir / "config.json").read_text()) if has_config else {}
+    family = family_for_model(node, prefer=(original.get("architectures") or [None])[0])
     if isinstance(family, str):
         raise ConfigError(f"{what}: {family}")
     problems = family.export_problems(node)
@@ -258,9 +310,10 @@ def write_hf(
     target = DTYPES[dtype] if dtype else next(iter(tensors.values())).dtype
     tensors = {name: t.detach().to(target).contiguous() for name, t in tensors.items()}
     kwargs = family.hf_kwargs(node)
-    if hf_dir is not None:  # an import: keep the tokenizer's special ids
-        original = json.loads((hf_dir / "config.json").read_text())
+    if has_config:  # an import: keep the tokenizer's special ids
         kwargs.update({key: original[key] for key in TOKEN_IDS if key in original})
+        # A fine-tune at a shorter model.max_seq_len (it only sizes the RoPE tables) keeps the checkpoint's context.
+        kwargs["max_position_embeddings"] = max(kwargs["max_position_embeddings"], original.get("max_position_embeddings", 0))
     else:  # a run on curryTrain's own data: no tokenizer, so no special tokens to claim
         kwargs.update(dict.fromkeys(TOKEN_IDS))
     config = getattr(transformers, family.config_class)(**kwargs)

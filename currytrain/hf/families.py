@@ -33,6 +33,16 @@ MIXTRAL_ROUTING = {"gating": "softmax", "renormalize": True, "capacity_factor": 
 
 Reader = Callable[[str], torch.Tensor]
 
+# transformers' rope_type -> model.rope_scaling, and the scaling keys -> the model.rope_* fields.
+ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3"}
+ROPE_KEYS = {
+    "factor": "rope_factor",
+    "low_freq_factor": "rope_low_freq_factor",
+    "high_freq_factor": "rope_high_freq_factor",
+    "original_max_position_embeddings": "rope_original_max_seq_len",
+}
+ROPE_FIELDS = {"linear": ("factor",), "llama3": tuple(ROPE_KEYS)}
+
 
 # ---------------------------------------------------------------------------------------------- config
 
@@ -53,27 +63,26 @@ def _decoder_problems(hf: Any) -> list[str]:
     act = getattr(hf, "hidden_act", "silu")
     if act != "silu":
         problems.append(f"hidden_act={act}: curryTrain's SwiGLU uses silu")
-    if hidden % heads:
-        problems.append(f"hidden_size={hidden} is not divisible by num_attention_heads={heads}")
-    head_dim = getattr(hf, "head_dim", None)
-    if head_dim is not None and head_dim != hidden // heads:
-        problems.append(
-            f"head_dim={head_dim} differs from hidden_size/num_attention_heads={hidden // heads} (as in Qwen3-0.6B, Qwen3-4B): "
-            "not supported yet, curryTrain derives the head size as dim/n_heads, so only checkpoints with head_dim equal "
-            "to hidden_size/num_attention_heads import (e.g. Qwen3-1.7B, Qwen3-8B)"
-        )
+    if hidden % heads and not getattr(hf, "head_dim", None):
+        problems.append(f"hidden_size={hidden} is not divisible by num_attention_heads={heads} and head_dim is not set")
     _, scaling = _rope(hf)
-    if scaling:
-        kind = scaling.get("rope_type", scaling.get("type", "?"))
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind not in ROPE_TYPES:
         problems.append(
-            f"rope scaling rope_type={kind} {scaling} (Llama 3.1+ uses llama3): not supported yet, curryTrain implements only "
-            "the default unscaled RoPE (rope_type=default, as in Llama 2, Llama 3.0, Qwen2.5, Qwen3, Mixtral)"
+            f"rope scaling rope_type={kind} {scaling}: not supported, curryTrain implements rope_type default, linear and llama3 "
+            "(Llama 3.1-3.3); dynamic, yarn, longrope and the others are not converted approximately"
         )
     if getattr(hf, "partial_rotary_factor", 1.0) not in (None, 1.0):
         problems.append(f"partial_rotary_factor={hf.partial_rotary_factor}: curryTrain rotates the full head dimension")
     if getattr(hf, "quantization_config", None):
         problems.append("quantization_config is set: import an unquantized checkpoint")
     return problems
+
+
+def _window_node(hf: Any) -> dict[str, Any]:
+    """model.sliding_window of a config whose window covers every layer (Mistral, Mixtral); null: full context."""
+    window = getattr(hf, "sliding_window", None)
+    return {"sliding_window": int(window)} if window else {}
 
 
 def _sliding_problems(hf: Any) -> list[str]:
@@ -83,9 +92,27 @@ def _sliding_problems(hf: Any) -> list[str]:
     return []
 
 
+def _head_dim(hf: Any) -> int:
+    """head_dim when the config sets one that differs from hidden_size / heads, else 0 (derived)."""
+    head_dim = getattr(hf, "head_dim", None)
+    return int(head_dim) if head_dim and head_dim * hf.num_attention_heads != hf.hidden_size else 0
+
+
+def _rope_node(hf: Any) -> dict[str, Any]:
+    """The model.rope_* fields of a config's RoPE scaling (none: the fields keep their defaults)."""
+    _, scaling = _rope(hf)
+    kind = ROPE_TYPES[scaling.get("rope_type", scaling.get("type", "default"))]
+    if kind == "none":
+        return {}
+    fields = {ROPE_KEYS[key]: float(scaling[key]) for key in ROPE_FIELDS[kind]}
+    if "rope_original_max_seq_len" in fields:  # a token count
+        fields["rope_original_max_seq_len"] = int(fields["rope_original_max_seq_len"])
+    return {"rope_scaling": kind, **fields}
+
+
 def _decoder_node(hf: Any, target: str) -> dict[str, Any]:
     theta, _ = _rope(hf)
-    return {
+    node = {
         "_target_": target,
         "vocab_size": int(hf.vocab_size),
         "dim": int(hf.hidden_size),
@@ -99,6 +126,17 @@ def _decoder_node(hf: Any, target: str) -> dict[str, Any]:
         "tie_embeddings": bool(getattr(hf, "tie_word_embeddings", False)),
         "init_std": float(getattr(hf, "initializer_range", 0.02)),
     }
+    if head_dim := _head_dim(hf):
+        node["head_dim"] = head_dim
+    return {**node, **_rope_node(hf)}
+
+
+def _rope_hf(node: dict[str, Any]) -> dict[str, Any]:
+    """transformers' RoPE parameters of a model node (v5 reads rope_parameters, v4 rope_theta + rope_scaling)."""
+    kind = node.get("rope_scaling", "none")
+    params = {"rope_type": "default" if kind == "none" else kind, "rope_theta": node["rope_theta"]}
+    params.update({key: node[ROPE_KEYS[key]] for key in ROPE_FIELDS.get(kind, ())})
+    return {"rope_parameters": params, "rope_theta": node["rope_theta"], "rope_scaling": None if kind == "none" else params}
 
 
 def _decoder_hf_kwargs(node: dict[str, Any]) -> dict[str, Any]:
@@ -108,14 +146,14 @@ def _decoder_hf_kwargs(node: dict[str, Any]) -> dict[str, Any]:
         "num_hidden_layers": node["n_layers"],
         "num_attention_heads": node["n_heads"],
         "num_key_value_heads": node["n_kv_heads"],
-        "head_dim": node["dim"] // node["n_heads"],
+        "head_dim": node.get("head_dim") or node["dim"] // node["n_heads"],
         "intermediate_size": node["mlp_hidden"],
         "max_position_embeddings": node["max_seq_len"],
-        "rope_theta": node["rope_theta"],
         "rms_norm_eps": node["norm_eps"],
         "tie_word_embeddings": node["tie_embeddings"],
         "initializer_range": node["init_std"],
         "hidden_act": "silu",
+        **_rope_hf(node),
     }
 
 
@@ -156,11 +194,13 @@ class Family:
     """The architecture always has q/k/v biases (Qwen2)."""
     qk_norm: bool = False
     """The architecture has per-head q/k RMSNorm (Qwen3)."""
+    windowed: bool = False
+    """The config's sliding_window applies to every layer (Mistral): it becomes model.sliding_window."""
 
     # -- import
 
     def problems(self, hf: Any) -> list[str]:
-        problems = _decoder_problems(hf) + _sliding_problems(hf)
+        problems = _decoder_problems(hf) + ([] if self.windowed else _sliding_problems(hf))
         if getattr(hf, "attention_bias", False):
             problems.append("attention_bias=true: curryTrain's attention has no output-projection bias")
         if getattr(hf, "mlp_bias", False):
@@ -168,7 +208,8 @@ class Family:
         return problems
 
     def model_node(self, hf: Any) -> dict[str, Any]:
-        return {**_decoder_node(hf, GQAConfig._target_), "qkv_bias": self.qkv_bias, "qk_norm": self.qk_norm}
+        node = {**_decoder_node(hf, GQAConfig._target_), "qkv_bias": self.qkv_bias, "qk_norm": self.qk_norm}
+        return {**node, **_window_node(hf)} if self.windowed else node
 
     def exported_names(self, node: dict[str, Any]) -> set[str]:
         """The curryTrain weights to_hf writes; any other weight of the model would be dropped."""
@@ -200,10 +241,13 @@ class Family:
     # -- export
 
     def export_problems(self, node: dict[str, Any]) -> list[str]:
+        if node.get("sliding_window") and not self.windowed:
+            return [f"model.sliding_window={node['sliding_window']}: {self.architecture} has no sliding window over every layer"]
         return []
 
     def hf_kwargs(self, node: dict[str, Any]) -> dict[str, Any]:
-        return _decoder_hf_kwargs(node)
+        kwargs = _decoder_hf_kwargs(node)
+        return {**kwargs, "sliding_window": node.get("sliding_window") or None} if self.windowed else kwargs
 
     def to_hf(self, state: dict[str, torch.Tensor], node: dict[str, Any]) -> dict[str, torch.Tensor]:
         return {theirs: state[ours] for ours, theirs in self.weight_names(node)}
@@ -221,14 +265,12 @@ class MixtralFamily(Family):
     """
 
     def problems(self, hf: Any) -> list[str]:
-        problems = _decoder_problems(hf)
-        if getattr(hf, "sliding_window", None) is not None:
-            problems.append(f"sliding_window={hf.sliding_window}: curryTrain attends over the full causal context")
-        return problems
+        return _decoder_problems(hf)
 
     def model_node(self, hf: Any) -> dict[str, Any]:
         node = _moe_defaults()
         node.update(_decoder_node(hf, node["_target_"]))
+        node.update(_window_node(hf))
         node.update(num_experts=int(hf.num_local_experts), top_k=int(hf.num_experts_per_tok), expert_hidden=int(hf.intermediate_size))
         node.update(MIXTRAL_ROUTING)
         return node
@@ -291,7 +333,7 @@ class MixtralFamily(Family):
             intermediate_size=node["expert_hidden"],
             num_local_experts=node["num_experts"],
             num_experts_per_tok=node["top_k"],
-            sliding_window=None,
+            sliding_window=node.get("sliding_window") or None,
         )
         return kwargs
 
@@ -319,6 +361,7 @@ FAMILIES: dict[str, Family] = {
         Family("LlamaForCausalLM", "LlamaConfig", "llama"),
         Family("Qwen2ForCausalLM", "Qwen2Config", "qwen2", qkv_bias=True),
         Family("Qwen3ForCausalLM", "Qwen3Config", "qwen3", qk_norm=True),
+        Family("MistralForCausalLM", "MistralConfig", "mistral", windowed=True),
         MixtralFamily("MixtralForCausalLM", "MixtralConfig", "mixtral"),
     )
 }
@@ -336,8 +379,9 @@ def _model_class(target: str) -> type | None:
     return found if isinstance(found, type) else None
 
 
-def family_for_model(node: dict[str, Any]) -> Family | str:
-    """The architecture a curryTrain model node exports to, or why there is none."""
+def family_for_model(node: dict[str, Any], prefer: str | None = None) -> Family | str:
+    """The architecture a curryTrain model node exports to, or why there is none. prefer: the architecture
+    an import came from, kept when it represents the node too (a Mistral without a window is also a Llama)."""
     target = str(node.get("_target_", ""))
     model_class = _model_class(target)
     # Identity, not issubclass: a subclass may change forward(), and export promises transformers' logits.
@@ -346,7 +390,10 @@ def family_for_model(node: dict[str, Any]) -> Family | str:
             if node.get("qkv_bias"):
                 return "model.qkv_bias=true with model.qk_norm=true has no transformers counterpart (Qwen3 biases o_proj as well)"
             return FAMILIES["Qwen3ForCausalLM"]
-        return FAMILIES["Qwen2ForCausalLM"] if node.get("qkv_bias") else FAMILIES["LlamaForCausalLM"]
+        if node.get("qkv_bias"):
+            return FAMILIES["Qwen2ForCausalLM"]
+        windowed = node.get("sliding_window") or prefer == "MistralForCausalLM"
+        return FAMILIES["MistralForCausalLM" if windowed else "LlamaForCausalLM"]
     if model_class is MoETransformer:
         return FAMILIES["MixtralForCausalLM"]
     return f"model._target_={target} has no Hugging Face counterpart; export supports model=gqa and model=moe"

@@ -88,8 +88,9 @@ class DecoderConfig(ModelConfig):
             )
         if node.n_heads < 1 or node.n_kv_heads < 1 or node.dim < 1:
             return problems
-        if node.dim % node.n_heads:
-            problems.append(f"{path}.n_heads={node.n_heads} does not divide {path}.dim={node.dim}: choose {path}.n_heads in {divisors(node.dim)[:12]}")
+        if node.dim % node.n_heads and not node.get("head_dim", 0):
+            also = f" or set {path}.head_dim" if "head_dim" in node else ""
+            problems.append(f"{path}.n_heads={node.n_heads} does not divide {path}.dim={node.dim}: choose {path}.n_heads in {divisors(node.dim)[:12]}{also}")
         if node.n_heads % node.n_kv_heads:
             problems.append(
                 f"{path}.n_kv_heads={node.n_kv_heads} does not divide {path}.n_heads={node.n_heads}: choose {path}.n_kv_heads in {divisors(node.n_heads)}"
@@ -97,31 +98,73 @@ class DecoderConfig(ModelConfig):
         return problems
 
 
-def rope_problems(node: Any, path: str) -> list[str]:
-    """The families with rotary position embeddings need a positive theta and an even head size."""
-    problems = positive(node, path, "rope_theta", 10000)
-    if node.n_heads >= 1 and node.dim % node.n_heads == 0 and (node.dim // node.n_heads) % 2:
-        problems.append(f"{path}.dim/{path}.n_heads={node.dim // node.n_heads} is odd, RoPE needs an even head size: change {path}.dim or {path}.n_heads")
-    return problems
+ROPE_SCALINGS = ("none", "linear", "llama3")
+"""RoPE frequency scalings (model.rope_scaling); build_rope_cache implements each."""
+
+
+def head_size(node: Any) -> int:
+    """The per-head width: model.head_dim when set, else dim / n_heads."""
+    return node.head_dim if node.get("head_dim", 0) else node.dim // max(1, node.n_heads)
 
 
 @dataclass
-class GQAConfig(DecoderConfig):
+class RopeDecoderConfig(DecoderConfig):
+    """The fields of the decoders whose attention rotates queries and keys (RoPE): gqa and moe."""
+
+    head_dim: int = 0
+    """Width of each attention head; 0 derives it as dim/n_heads. Set it when a checkpoint's heads are wider
+    or narrower than that (Qwen3-0.6B: dim 1024, 16 heads of 128); q/k/v project dim -> n_heads*head_dim."""
+    rope_scaling: str = "none"
+    """RoPE frequency scaling: none, linear (every frequency / rope_factor: position interpolation) or llama3
+    (Llama 3.1+: low frequencies / rope_factor, high ones kept, a smooth ramp between)."""
+    rope_factor: float = 1.0
+    """With rope_scaling=linear|llama3: how much the context is stretched (Llama 3.1: 8, Llama 3.2: 32)."""
+    rope_low_freq_factor: float = 1.0
+    """With rope_scaling=llama3: wavelengths above rope_original_max_seq_len/this are divided by rope_factor."""
+    rope_high_freq_factor: float = 4.0
+    """With rope_scaling=llama3: wavelengths below rope_original_max_seq_len/this are kept; must exceed the low one."""
+    rope_original_max_seq_len: int = 8192
+    """With rope_scaling=llama3: the context length (tokens) the model was pretrained at before scaling."""
+    sliding_window: int = 0
+    """Each token attends to itself and the sliding_window - 1 tokens before it (Mistral v0.1, every layer);
+    0 attends over the whole causal context."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        """RoPE needs a positive theta and an even head size; scaling and window fields in range."""
+        problems = positive(node, path, "rope_theta", 10000) + one_of(node, path, "rope_scaling", ROPE_SCALINGS)
+        for key in ("head_dim", "sliding_window"):
+            if not node[key] >= 0:
+                problems.append(f"{path}.{key}={node[key]} must be >= 0 (0 is the default): pass {path}.{key}=0")
+        if node.head_dim > 0 and node.head_dim % 2:
+            problems.append(f"{path}.head_dim={node.head_dim} is odd, RoPE needs an even head size: pass {path}.head_dim={node.head_dim + 1}")
+        elif node.head_dim == 0 and node.n_heads >= 1 and node.dim % node.n_heads == 0 and head_size(node) % 2:
+            problems.append(f"{path}.dim/{path}.n_heads={head_size(node)} is odd, RoPE needs an even head size: change {path}.dim or {path}.n_heads")
+        if node.rope_scaling != "none":
+            problems += positive(node, path, "rope_factor", 8.0)
+        if node.rope_scaling == "llama3":
+            problems += at_least(node, path, ("rope_original_max_seq_len",))
+            if not node.rope_high_freq_factor > node.rope_low_freq_factor > 0:
+                problems.append(
+                    f"{path}.rope_high_freq_factor={node.rope_high_freq_factor} must exceed {path}.rope_low_freq_factor="
+                    f"{node.rope_low_freq_factor} > 0: pass {path}.rope_low_freq_factor=1.0 {path}.rope_high_freq_factor=4.0"
+                )
+        return problems
+
+
+@dataclass
+class GQAConfig(RopeDecoderConfig):
     """Llama-style decoder: grouped-query attention, RoPE, RMSNorm, SwiGLU MLP."""
 
     _target_: str = "currytrain.model.gqa.GQATransformer"
     qkv_bias: bool = False
     """Give the query/key/value projections a bias (Qwen2); the output projection never has one."""
     qk_norm: bool = False
-    """RMS-normalise each query and key head (learned gain of size dim/n_heads) before RoPE (Qwen3)."""
-
-    @staticmethod
-    def check(node: Any, path: str) -> list[str]:
-        return rope_problems(node, path)
+    """RMS-normalise each query and key head (learned gain of size head_dim) before RoPE (Qwen3)."""
 
 
 @dataclass
-class MoEConfig(DecoderConfig):
+class MoEConfig(RopeDecoderConfig):
     """Decoder whose MLPs are mixture-of-experts blocks: a top-k router over a bank of SwiGLU experts.
 
     Attention, norms and embeddings are those of the GQA decoder. The size group's mlp_hidden is the
@@ -155,7 +198,7 @@ class MoEConfig(DecoderConfig):
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
         """Routing fields of model=moe."""
-        problems = rope_problems(node, path) + at_least(node, path, ("num_experts", "top_k", "expert_hidden"))
+        problems = at_least(node, path, ("num_experts", "top_k", "expert_hidden"))
         if node.num_experts >= 1 and not 1 <= node.top_k <= node.num_experts:
             problems.append(f"{path}.top_k={node.top_k} must be in [1, {path}.num_experts={node.num_experts}]: pass {path}.top_k={min(2, node.num_experts)}")
         problems += one_of(node, path, "gating", MOE_GATINGS)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from currytrain.model.hooks import HiddenMatrices
-from currytrain.model.layers import RMSNorm, build_rope_cache
+from currytrain.model.layers import RMSNorm, RopeScaling, build_rope_cache
 
 
 def mup_width_multiplier(dim: int, mup: bool, mup_base_width: int) -> float:
@@ -37,6 +37,13 @@ def mup_attention_scale(head_dim: int, dim: int, mup: bool, mup_base_width: int)
     return 1.0 / math.sqrt(head_dim * mup_width_multiplier(dim, mup, mup_base_width))
 
 
+def rope_scaling_of(kind: str, factor: float, low_freq_factor: float, high_freq_factor: float, original_max_seq_len: int) -> RopeScaling | None:
+    """The RopeScaling the rope_* config fields describe, None when unscaled."""
+    if kind == "none":
+        return None
+    return RopeScaling(kind, factor, low_freq_factor, high_freq_factor, original_max_seq_len)
+
+
 class Decoder(nn.Module):
     """Token ids (batch, seq) -> next-token logits (batch, seq, vocab_size) through the blocks in `layers`.
 
@@ -45,6 +52,7 @@ class Decoder(nn.Module):
     norm, so that the draws of the modules' default init stay in module order (and seeds reproduce).
     rope_head_dim: with a head size, builds the RoPE tables rope_cos/rope_sin and forward runs each block
     as block(h, rope_cos, rope_sin). A family without RoPE leaves it None and overrides forward.
+    rope_scaling: how the RoPE frequencies are rescaled (None: unscaled).
     """
 
     def __init__(
@@ -62,6 +70,7 @@ class Decoder(nn.Module):
         build_block: Callable[[], nn.Module],
         rope_head_dim: int | None = None,
         rope_theta: float = 10000.0,
+        rope_scaling: RopeScaling | None = None,
     ):
         super().__init__()
         self.vocab_size = vocab_size
@@ -76,7 +85,7 @@ class Decoder(nn.Module):
         if tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
         if rope_head_dim is not None:
-            cos, sin = build_rope_cache(max_seq_len, rope_head_dim, rope_theta)
+            cos, sin = build_rope_cache(max_seq_len, rope_head_dim, rope_theta, scaling=rope_scaling)
             # Non-persistent: derived from the config, so checkpoints and HF exports carry only weights.
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from currytrain.model.decoder import Decoder, mup_attention_scale
+from currytrain.model.decoder import Decoder, mup_attention_scale, rope_scaling_of
 from currytrain.model.layers import Attention, RMSNorm, SwiGLU
 
 
@@ -22,10 +22,22 @@ class Block(nn.Module):
         qkv_bias: bool = False,
         qk_norm: bool = False,
         attention_scale: float | None = None,
+        head_dim: int | None = None,
+        sliding_window: int | None = None,
     ):
         super().__init__()
         self.attention_norm = RMSNorm(dim, norm_eps)
-        self.attention = Attention(dim, n_heads, n_kv_heads, qkv_bias=qkv_bias, qk_norm=qk_norm, norm_eps=norm_eps, softmax_scale=attention_scale)
+        self.attention = Attention(
+            dim,
+            n_heads,
+            n_kv_heads,
+            qkv_bias=qkv_bias,
+            qk_norm=qk_norm,
+            norm_eps=norm_eps,
+            softmax_scale=attention_scale,
+            head_dim=head_dim,
+            sliding_window=sliding_window,
+        )
         self.mlp_norm = RMSNorm(dim, norm_eps)
         self.mlp = SwiGLU(dim, mlp_hidden)
 
@@ -58,12 +70,31 @@ class GQATransformer(Decoder):
         qk_norm: bool = False,
         mup: bool = False,
         mup_base_width: int = 128,
+        head_dim: int = 0,
+        rope_scaling: str = "none",
+        rope_factor: float = 1.0,
+        rope_low_freq_factor: float = 1.0,
+        rope_high_freq_factor: float = 4.0,
+        rope_original_max_seq_len: int = 8192,
+        sliding_window: int = 0,
     ):
-        head_dim = dim // n_heads
+        head_dim = head_dim or dim // n_heads
+        scaling = rope_scaling_of(rope_scaling, rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_seq_len)
         attention_scale = mup_attention_scale(head_dim, dim, mup, mup_base_width)
 
         def build_block() -> Block:
-            return Block(dim, n_heads, n_kv_heads, mlp_hidden, norm_eps, qkv_bias=qkv_bias, qk_norm=qk_norm, attention_scale=attention_scale)
+            return Block(
+                dim,
+                n_heads,
+                n_kv_heads,
+                mlp_hidden,
+                norm_eps,
+                qkv_bias=qkv_bias,
+                qk_norm=qk_norm,
+                attention_scale=attention_scale,
+                head_dim=head_dim,
+                sliding_window=sliding_window or None,
+            )
 
         super().__init__(
             vocab_size,
@@ -78,4 +109,5 @@ class GQATransformer(Decoder):
             build_block=build_block,
             rope_head_dim=head_dim,
             rope_theta=rope_theta,
+            rope_scaling=scaling,
         )

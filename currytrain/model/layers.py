@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -25,10 +28,37 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
 
-def build_rope_cache(seq_len: int, head_dim: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+@dataclass(frozen=True)
+class RopeScaling:
+    """How the RoPE frequencies are rescaled for a longer context (the rope_* fields of RopeDecoderConfig)."""
+
+    kind: str = "none"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_seq_len: int = 8192
+
+    def apply(self, inv_freq: torch.Tensor) -> torch.Tensor:
+        """The scaled inverse frequencies (radians per token) of each channel pair."""
+        if self.kind == "none":
+            return inv_freq
+        if self.kind == "linear":  # position interpolation: position p is rotated like p / factor
+            return inv_freq / self.factor
+        assert self.kind == "llama3", self.kind
+        # Llama 3.1: wavelengths longer than the pretraining context / low_freq_factor are stretched by factor,
+        # those shorter than context / high_freq_factor kept, and a linear ramp in context/wavelength between.
+        wavelen = 2 * math.pi / inv_freq
+        ramp = (self.original_max_seq_len / wavelen - self.low_freq_factor) / (self.high_freq_factor - self.low_freq_factor)
+        ramp = ramp.clamp(0.0, 1.0)
+        return (1 - ramp) * inv_freq / self.factor + ramp * inv_freq
+
+
+def build_rope_cache(seq_len: int, head_dim: int, theta: float, device=None, scaling: RopeScaling | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables of shape (seq_len, head_dim // 2) for rotary position embedding."""
     assert head_dim % 2 == 0, "RoPE needs an even head dimension"
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    if scaling is not None:
+        inv_freq = scaling.apply(inv_freq)
     angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
     return angles.cos(), angles.sin()
 
@@ -53,6 +83,8 @@ class Attention(nn.Module):
     Two optional variants (both off by default, adding no parameters): qkv_bias gives the q/k/v
     projections a bias (Qwen2), qk_norm RMS-normalises each query and key head before RoPE (Qwen3).
     softmax_scale multiplies q.k before the softmax; None is the usual 1/sqrt(head_dim) (muP passes its own).
+    head_dim: the width of each head, None for dim // n_heads. sliding_window: each query sees itself and
+    the sliding_window - 1 keys before it; None sees the whole causal context.
     """
 
     def __init__(
@@ -64,13 +96,16 @@ class Attention(nn.Module):
         qk_norm: bool = False,
         norm_eps: float = 1e-5,
         softmax_scale: float | None = None,
+        head_dim: int | None = None,
+        sliding_window: int | None = None,
     ):
         super().__init__()
-        assert dim % n_heads == 0 and n_heads % n_kv_heads == 0
+        assert (head_dim or dim % n_heads == 0) and n_heads % n_kv_heads == 0
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
-        self.head_dim = dim // n_heads
+        self.head_dim = head_dim or dim // n_heads
         self.softmax_scale = softmax_scale
+        self.sliding_window = sliding_window
         self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=qkv_bias)
         self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=qkv_bias)
         self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=qkv_bias)
@@ -91,8 +126,16 @@ class Attention(nn.Module):
             groups = self.n_heads // self.n_kv_heads
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
+        if self.sliding_window and seq_len > self.sliding_window:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=self._window_mask(seq_len, x.device), scale=self.softmax_scale)
+        else:  # the window covers the sequence: plain causal attention keeps the fused kernels
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
         return self.wo(out.transpose(1, 2).reshape(batch, seq_len, -1))
+
+    def _window_mask(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        """(seq, seq) True where query i may attend key j: 0 <= i - j < sliding_window."""
+        offset = torch.arange(seq_len, device=device)[:, None] - torch.arange(seq_len, device=device)[None, :]
+        return (offset >= 0) & (offset < self.sliding_window)
 
 
 class SwiGLU(nn.Module):

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from currytrain.model.config import MOE_GATINGS
-from currytrain.model.decoder import Decoder, mup_attention_scale
+from currytrain.model.decoder import Decoder, mup_attention_scale, rope_scaling_of
 from currytrain.model.layers import Attention, RMSNorm, SwiGLU
 
 
@@ -263,10 +263,10 @@ class MoE(nn.Module):
 class MoEBlock(nn.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + moe(norm(x))."""
 
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, norm_eps: float, moe: MoE, attention_scale: float | None = None):
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, norm_eps: float, moe: MoE, attention_scale: float | None = None, **attention: int | None):
         super().__init__()
         self.attention_norm = RMSNorm(dim, norm_eps)
-        self.attention = Attention(dim, n_heads, n_kv_heads, softmax_scale=attention_scale)
+        self.attention = Attention(dim, n_heads, n_kv_heads, softmax_scale=attention_scale, **attention)
         self.mlp_norm = RMSNorm(dim, norm_eps)
         self.moe = moe
 
@@ -315,8 +315,16 @@ class MoETransformer(Decoder):
         init_std: float = 0.02,
         mup: bool = False,
         mup_base_width: int = 128,
+        head_dim: int = 0,
+        rope_scaling: str = "none",
+        rope_factor: float = 1.0,
+        rope_low_freq_factor: float = 1.0,
+        rope_high_freq_factor: float = 4.0,
+        rope_original_max_seq_len: int = 8192,
+        sliding_window: int = 0,
     ):
-        head_dim = dim // n_heads
+        head_dim = head_dim or dim // n_heads
+        scaling = rope_scaling_of(rope_scaling, rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_seq_len)
         attention_scale = mup_attention_scale(head_dim, dim, mup, mup_base_width)
 
         def build_block() -> MoEBlock:
@@ -330,7 +338,7 @@ class MoETransformer(Decoder):
                 capacity_factor=capacity_factor,
                 shared_hidden=mlp_hidden if shared_expert else 0,
             )
-            return MoEBlock(dim, n_heads, n_kv_heads, norm_eps, moe, attention_scale=attention_scale)
+            return MoEBlock(dim, n_heads, n_kv_heads, norm_eps, moe, attention_scale=attention_scale, head_dim=head_dim, sliding_window=sliding_window or None)
 
         super().__init__(
             vocab_size,
@@ -345,6 +353,7 @@ class MoETransformer(Decoder):
             build_block=build_block,
             rope_head_dim=head_dim,
             rope_theta=rope_theta,
+            rope_scaling=scaling,
         )
         self.aux_loss_coef = aux_loss_coef
         self.z_loss_coef = z_loss_coef
