@@ -13,7 +13,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from currytrain.abort.config import NoAbortConfig
-from currytrain.check.config import NoCheckConfig
+from currytrain.check.config import FullLadderConfig, NoCheckConfig, PreflightCheckConfig, SanityCheckConfig, SkeletonCheckConfig
 from currytrain.data.config import StdlibBytesConfig, SyntheticConfig, TextConfig
 from currytrain.logger.config import JsonlConfig, TensorBoardConfig
 from currytrain.model.config import GQAConfig, MoEConfig, SpikingConfig
@@ -29,7 +29,13 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "parallel": {"single": SingleConfig},
     "optimizer": {"adamw": AdamWConfig, "sgd": SGDConfig},
     "logger": {"tensorboard": TensorBoardConfig, "jsonl": JsonlConfig},
-    "check": {"none": NoCheckConfig},
+    "check": {
+        "none": NoCheckConfig,
+        "skeleton": SkeletonCheckConfig,
+        "preflight": PreflightCheckConfig,
+        "sanity": SanityCheckConfig,
+        "ladder": FullLadderConfig,
+    },
     "sweep": {"none": NoSweepConfig},
     "abort": {"none": NoAbortConfig},
 }

@@ -77,7 +77,8 @@ def test_compose_and_build_every_option(group, option, compose_cfg, tmp_path):
         logger.log_metrics({"x": 1.0}, step=1)
         logger.close()
     for none_group in ("check", "sweep", "abort"):
-        assert build(cfg[none_group]) is None
+        if none_group != group:  # check=<stage> builds its ladder
+            assert build(cfg[none_group]) is None
 
 
 def test_model_sizes_match_the_issue(compose_cfg):
