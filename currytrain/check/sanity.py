@@ -247,7 +247,7 @@ class Sanity(Stage):
         result.findings.append(
             probe("overfit one batch", lambda: overfit_one_batch(parts, self.step_fn, self.overfit_sequences, self.overfit_steps, self.overfit_loss, curve))
         )
-        if curve.losses:
+        if curve.losses and ctx.state.is_main:  # one writer of the run folder
             result.figures.append(
                 figures.overfit_curve(Path(ctx.run_dir) / "sanity_overfit.png", curve.losses, self.overfit_loss, chance_loss(parts.cfg.model.vocab_size))
             )
@@ -258,7 +258,8 @@ class Sanity(Stage):
             result.findings.append(crash_finding("layer statistics", error))
             return result
         result.findings += layer_findings(stats, names, self.vanishing_ratio, self.activation_growth, self.dead_fraction)
-        result.figures.append(figures.layer_stats(Path(ctx.run_dir) / "sanity_layers.png", names, stats))
+        if ctx.state.is_main:
+            result.figures.append(figures.layer_stats(Path(ctx.run_dir) / "sanity_layers.png", names, stats))
         result.details = stats_table(names, stats)
         return result
 
