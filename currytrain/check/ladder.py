@@ -4,6 +4,7 @@ not none, inside the parallel session it opened."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -43,9 +44,7 @@ class Ladder:
 
 def record(ctx: StageContext, result: StageResult) -> None:
     """One journal event per stage, with every finding."""
-    findings = [
-        {"name": f.name, "status": f.status.value, "observed": f.observed, "expected": f.expected, "cause": f.cause, "fix": f.fix} for f in result.findings
-    ]
+    findings = [dataclasses.asdict(finding) | {"status": finding.status.value, "seconds": round(finding.seconds, 3)} for finding in result.findings]
     figures = [str(Path(p).name) for p in result.figures]
     ctx.journal.event("check", stage=result.stage, status=result.status.value, seconds=round(result.seconds, 2), findings=findings, figures=figures)
     text = "\n".join(f"{f.status.value:7s} {f.name}: {f.observed}" for f in result.findings)

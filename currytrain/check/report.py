@@ -15,8 +15,8 @@ def _cell(text: str) -> str:
 
 
 def stage_section(result: StageResult) -> list[str]:
-    lines = [f"## {result.stage}: {result.status.value} ({result.seconds:.1f} s)", "", "| check | status | observed | expected |", "|---|---|---|---|"]
-    lines += [f"| {f.name} | {MARKS[f.status]} | {_cell(f.observed)} | {_cell(f.expected)} |" for f in result.findings]
+    lines = [f"## {result.stage}: {result.status.value} ({result.seconds:.1f} s)", "", "| check | status | observed | expected | s |", "|---|---|---|---|---:|"]
+    lines += [f"| {f.name} | {MARKS[f.status]} | {_cell(f.observed)} | {_cell(f.expected)} | {f.seconds:.2f} |" for f in result.findings]
     lines.append("")
     for finding in result.findings:
         if finding.status is not Status.PASSED:

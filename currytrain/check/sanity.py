@@ -4,6 +4,7 @@ gradient and activation statistics over a few steps (as figures, and as histogra
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -252,12 +253,15 @@ class Sanity(Stage):
                 figures.overfit_curve(Path(ctx.run_dir) / "sanity_overfit.png", curve.losses, self.overfit_loss, chance_loss(parts.cfg.model.vocab_size))
             )
         names = [name for name, _ in _blocks(parts.model)]
+        started = time.perf_counter()
         try:
             stats = gather_layer_stats(parts, self.step_fn, self.batch_size, self.stats_steps, ctx.loggers)
         except Exception as error:  # reported as a finding, like every probe
             result.findings.append(crash_finding("layer statistics", error))
             return result
-        result.findings += layer_findings(stats, names, self.vanishing_ratio, self.activation_growth, self.dead_fraction)
+        layers = layer_findings(stats, names, self.vanishing_ratio, self.activation_growth, self.dead_fraction)
+        layers[0].seconds = time.perf_counter() - started  # the steps that gathered all three
+        result.findings += layers
         if ctx.state.is_main:
             result.figures.append(figures.layer_stats(Path(ctx.run_dir) / "sanity_layers.png", names, stats))
         result.details = stats_table(names, stats)

@@ -47,6 +47,8 @@ class Finding:
     """What most likely produced a warning or failure."""
     fix: str = ""
     """What to change (a config key or the code to look at)."""
+    seconds: float = 0.0
+    """Wall time the probe took."""
 
 
 @dataclass
@@ -101,10 +103,13 @@ class Stage:
 
 def probe(name: str, run: Callable[[], Finding]) -> Finding:
     """Run one probe; a probe that crashes is a failed finding naming the exception (the stage goes on)."""
+    started = time.perf_counter()
     try:
-        return run()
+        finding = run()
     except Exception as error:  # a crash inside a probe is itself the finding
-        return crash_finding(name, error)
+        finding = crash_finding(name, error)
+    finding.seconds = time.perf_counter() - started
+    return finding
 
 
 def crash_finding(name: str, error: Exception) -> Finding:
