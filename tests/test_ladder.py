@@ -174,6 +174,13 @@ def test_a_user_stage_plugs_in_from_config(compose_cfg, tmp_path, one_thread):
         run_ladder(too_big, ParallelState(), tmp_path / "big", Journal(tmp_path / "big" / "journal.jsonl"))
 
 
+def test_the_example_stage_in_experiments_runs_from_the_command_line_override(compose_cfg, tmp_path, one_thread):
+    stage = "+check.stages.param_budget={_target_:experiments.param_budget.ParamBudget,max_params:1000}"
+    cfg = compose_cfg("check=skeleton", SMALL_DATA, stage, "logger=[jsonl]")
+    with pytest.raises(GateFailed, match="parameter budget"):
+        run_ladder(cfg, ParallelState(), tmp_path, Journal(tmp_path / "journal.jsonl"))
+
+
 def test_stage_thresholds_are_validated_with_their_key(compose_cfg):
     problems = validate(compose_cfg("check=sanity", "check.stages.preflight.max_overlap=2", "check.stages.sanity.overfit_steps=0"))
     assert any(p.startswith("check.stages.preflight.max_overlap=2.0 must be in [0, 1]") for p in problems), problems

@@ -383,15 +383,19 @@ def train_val_overlap(parts: Components, windows: int, max_share: float) -> Find
 
 
 def one_step_decreases_loss(parts: Components, step: StepFn, batch: Batch) -> Finding:
-    """One step at the peak learning rate lowers the loss on the batch it trained on."""
+    """One step at the peak learning rate lowers the loss on the batch it trained on, and leaves outputs
+    that still depend on the input (a far too large step can zero every prediction: a uniform loss)."""
     lr = peak_lr(parts)
     with scratch(parts, lr="peak"):
         before = eval_loss(parts, batch)
         torch.manual_seed(0)
         result = step(parts, batch)
         after = eval_loss(parts, batch)
+        with torch.no_grad(), eval_mode(parts.model):
+            spread = float(parts.model(batch[0]).float().std(-1).max())
     observed = f"loss {fmt(before)} -> {fmt(after)} after one step at lr={lr:g}"
-    expected = "a lower loss"
+    expected = "a lower loss, logits that still differ across the vocabulary"
+    fix = f"lower optimizer.lr (try {lr / 10:g}), or check that the optimizer steps the model's own parameters"
     if result.skipped or not math.isfinite(after):
         return Finding(
             "one step lowers the loss",
@@ -401,20 +405,16 @@ def one_step_decreases_loss(parts: Components, step: StepFn, batch: Batch) -> Fi
             "the step produced non-finite gradients or weights",
             "lower optimizer.lr, set trainer.grad_clip=1.0",
         )
+    if not spread > 1e-6:
+        cause = f"the learning rate {lr:g} is far too high: one step wiped out the weights (every logit equal, a uniform prediction)"
+        return Finding("one step lowers the loss", Status.FAILED, f"{observed}, logits constant", expected, cause, fix)
     if not after < before:
         cause = (
             f"the learning rate {lr:g} is too high: the step overshoots"
             if after > before * 1.05
             else "the update does not descend (sign of the update, or the optimizer holds other tensors than the model's)"
         )
-        return Finding(
-            "one step lowers the loss",
-            Status.FAILED,
-            observed,
-            expected,
-            cause,
-            f"lower optimizer.lr (try {lr / 10:g}), or check that the optimizer steps the model's own parameters",
-        )
+        return Finding("one step lowers the loss", Status.FAILED, observed, expected, cause, fix)
     return Finding("one step lowers the loss", Status.PASSED, observed, expected)
 
 
