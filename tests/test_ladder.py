@@ -81,6 +81,12 @@ def test_eval_mode_during_training_is_caught_by_preflight(built):
     _caught(_preflight(parts, ctx), "train/eval mode", "eval mode during training")
 
 
+def test_dropout_left_on_in_eval_mode_is_caught_by_preflight(built):
+    parts, ctx = built()
+    ladder_zoo.dropout_in_eval_mode(parts)
+    _caught(_preflight(parts, ctx), "train/eval mode", "active in eval mode")
+
+
 def test_label_leaked_into_the_inputs_is_caught_by_preflight(built):
     parts, ctx = built()
     ladder_zoo.label_in_inputs(parts)
