@@ -85,6 +85,7 @@ def overfit_one_batch(parts: Components, step: StepFn, sequences: int, max_steps
 class LayerStats:
     """Per block of model.layers, over the stats steps."""
 
+    activation_mean: list[float]
     activation_std: list[float]
     activation_max: list[float]
     grad_norm: list[float]
@@ -123,10 +124,15 @@ def gather_layer_stats(parts: Components, step: StepFn, batch_size: int, steps: 
     finally:
         for handle in handles:
             handle.remove()
-    stds = [float(torch.cat([o.flatten() for o in outs]).std()) if outs else float("nan") for outs in outputs.values()]
-    maxes = [float(max(o.abs().max() for o in outs)) if outs else float("nan") for outs in outputs.values()]
+    flat = [torch.cat([o.flatten() for o in outs]) if outs else torch.full((1,), float("nan")) for outs in outputs.values()]
     mean = lambda values: sum(values) / len(values) if values else 0.0  # noqa: E731
-    return LayerStats(stds, maxes, [mean(grads[i]) for i in grads], [mean(dead[i]) for i in dead])
+    return LayerStats(
+        activation_mean=[float(x.mean()) for x in flat],
+        activation_std=[float(x.std()) if x.numel() > 1 else float("nan") for x in flat],
+        activation_max=[float(x.abs().max()) for x in flat],
+        grad_norm=[mean(grads[i]) for i in grads],
+        dead_fraction=[mean(dead[i]) for i in dead],
+    )
 
 
 def _first_tensor(out) -> torch.Tensor:
@@ -269,7 +275,8 @@ class Sanity(Stage):
 
 
 def stats_table(names: list[str], stats: LayerStats) -> str:
-    lines = ["| block | activation std | activation max | grad norm | dead inputs |", "|---|---:|---:|---:|---:|"]
+    lines = ["| block | activation mean | activation std | activation max abs | grad norm | dead inputs |", "|---|---:|---:|---:|---:|---:|"]
     for i, name in enumerate(names):
-        lines.append(f"| {name} | {stats.activation_std[i]:.3g} | {stats.activation_max[i]:.3g} | {stats.grad_norm[i]:.3g} | {stats.dead_fraction[i]:.0%} |")
+        row = (stats.activation_mean[i], stats.activation_std[i], stats.activation_max[i], stats.grad_norm[i])
+        lines.append(f"| {name} | " + " | ".join(f"{value:.3g}" for value in row) + f" | {stats.dead_fraction[i]:.0%} |")
     return "\n".join(lines)
