@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -426,7 +427,7 @@ class Preflight(Stage):
     def __init__(
         self,
         batch_size: int = 4,
-        allow_frozen: list[str] = (),
+        allow_frozen: Sequence[str] = (),
         grad_tolerance: float = 1e-5,
         causal_tolerance: float = 1e-4,
         leak_steps: int = 10,

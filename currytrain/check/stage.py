@@ -40,9 +40,12 @@ class Finding:
     """One probe's verdict."""
 
     name: str
+    """What the probe checks ("gradient flow")."""
     status: Status
     observed: str
+    """What the probe measured, with its unit."""
     expected: str
+    """What a healthy setup gives (the threshold)."""
     cause: str = ""
     """What most likely produced a warning or failure."""
     fix: str = ""
@@ -54,12 +57,15 @@ class Finding:
 @dataclass
 class StageResult:
     stage: str
+    """The stage's name in check.stages."""
     findings: list[Finding] = field(default_factory=list)
+    """One per probe, in the order they ran."""
     figures: list[Path] = field(default_factory=list)
     """PNGs the stage wrote into the run folder (report.md links them)."""
     details: str = ""
     """Extra markdown for the report (tables of parameter counts, component origins, statistics)."""
     seconds: float = 0.0
+    """Wall time of the whole stage, building included."""
 
     @property
     def status(self) -> Status:
