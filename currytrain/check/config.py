@@ -49,8 +49,9 @@ class PreflightConfig:
     """Largest change of the logits at positions <= t allowed when tokens after t change (relative to their scale)."""
     leak_steps: int = 10
     """Steps trained on uniformly random tokens in the leakage probe."""
-    leak_margin: float = 0.5
-    """Nats below ln(data vocabulary) the loss on random tokens may reach before the labels count as leaked."""
+    leak_margin: float = 0.25
+    """Nats below ln(data vocabulary) the loss on random tokens may reach before the labels count as leaked
+    (a model that cannot see the labels stays within noise of ln(V): it cannot memorise fresh random windows)."""
     overlap_windows: int = 64
     """Val windows (of data.seq_len tokens) searched for in the train stream."""
     max_overlap: float = 0.25
@@ -60,7 +61,7 @@ class PreflightConfig:
     def check(node: Any, path: str) -> list[str]:
         problems = at_least(node, path, ("batch_size", "leak_steps", "overlap_windows"))
         problems += positive(node, path, "grad_tolerance", 1e-5) + positive(node, path, "causal_tolerance", 1e-4)
-        problems += positive(node, path, "leak_margin", 0.5)
+        problems += positive(node, path, "leak_margin", 0.25)
         if not 0 <= node.max_overlap <= 1:
             problems.append(f"{path}.max_overlap={node.max_overlap} must be in [0, 1]: pass {path}.max_overlap=0.25")
         return problems

@@ -431,7 +431,7 @@ class Preflight(Stage):
         grad_tolerance: float = 1e-5,
         causal_tolerance: float = 1e-4,
         leak_steps: int = 10,
-        leak_margin: float = 0.5,
+        leak_margin: float = 0.25,
         overlap_windows: int = 64,
         max_overlap: float = 0.25,
     ):
