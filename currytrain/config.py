@@ -19,7 +19,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from currytrain.abort.config import AbortConfig, NoAbortConfig
-from currytrain.check.config import NoCheckConfig
+from currytrain.check.config import FullLadderConfig, NoCheckConfig, PreflightCheckConfig, SanityCheckConfig, SkeletonCheckConfig
 from currytrain.data.config import StdlibBytesConfig, SyntheticConfig, TextConfig, TokensConfig
 from currytrain.logger.config import JsonlConfig, MLflowConfig, TensorBoardConfig, WandbConfig
 from currytrain.model.config import GQAConfig, MoEConfig, SpikingConfig
@@ -35,7 +35,13 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "parallel": {name: ParallelConfig for name in ("single", "ddp", "zero1", "zero2", "fsdp", "hsdp")},
     "optimizer": {"adamw": AdamWConfig, "sgd": SGDConfig},
     "logger": {"tensorboard": TensorBoardConfig, "jsonl": JsonlConfig, "mlflow": MLflowConfig, "wandb": WandbConfig},
-    "check": {"none": NoCheckConfig},
+    "check": {
+        "none": NoCheckConfig,
+        "skeleton": SkeletonCheckConfig,
+        "preflight": PreflightCheckConfig,
+        "sanity": SanityCheckConfig,
+        "ladder": FullLadderConfig,
+    },
     "sweep": {"none": NoSweepConfig, **{name: OptunaSweepConfig for name in SWEEP_PRESETS}},
     "abort": {"none": NoAbortConfig, "default": AbortConfig, "strict": AbortConfig},
 }

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from currytrain.errors import Aborted, ConfigError, Pruned
+from currytrain.errors import Aborted, ConfigError, GateFailed, Pruned
 from currytrain.journal import Journal, config_diff
 from currytrain.parallel.dims import launched_world_size
 from currytrain.validate import raise_on_problems, validate
@@ -48,9 +48,10 @@ def write_run_record(cfg: DictConfig, run_dir: Path, overrides: list[str], cwd: 
     return resolved_path
 
 
-def run(cfg: DictConfig) -> float:
-    """Hydra task: record the run, then train (here, or in the workers it starts). Returns the final val loss
-    (sweeps read it). Under submitit with several tasks, the tasks of rank > 0 train from rank 0's record."""
+def run(cfg: DictConfig) -> float | None:
+    """Hydra task: record the run, then train (here, or in the workers it starts) or climb the validation
+    ladder. Returns the final val loss (sweeps read it). Under submitit with several tasks, the tasks of
+    rank > 0 train from rank 0's record."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -88,7 +89,7 @@ def start_workers(cfg: DictConfig, resolved_path: Path) -> float:
 
 
 # How a run that did not finish is journaled, by outcome; anything else is a `failure` with its traceback.
-OUTCOME_EVENTS = {ConfigError: "config_error", Aborted: "abort", Pruned: "pruned"}
+OUTCOME_EVENTS = {ConfigError: "config_error", Aborted: "abort", Pruned: "pruned", GateFailed: "gate_failed"}
 
 
 def journal_outcome(journal: Journal, error: BaseException) -> None:
@@ -99,9 +100,10 @@ def journal_outcome(journal: Journal, error: BaseException) -> None:
     journal.event(kind, **fields)
 
 
-def run_worker(resolved_path: Path) -> float:
+def run_worker(resolved_path: Path) -> float | None:
     """A worker's whole job: read the resolved config written by the launcher, open the parallel session
-    (process groups, device) once, and train inside it. Every way the run ends is journaled (rank 0)."""
+    (process groups, device) once, and train inside it (or, with check != none, climb the validation ladder
+    instead; None is returned then). Every way the run ends is journaled (rank 0)."""
     import torch
 
     from currytrain.components import parallel_session
@@ -117,6 +119,11 @@ def run_worker(resolved_path: Path) -> float:
         with parallel_session(cfg) as state:
             if not state.is_main:  # one console: the other ranks say only what is wrong
                 logging.getLogger("currytrain").setLevel(logging.WARNING)
+            if cfg.check.get("_target_") is not None:  # check=<stage|sanity|ladder>: the ladder instead of training
+                from currytrain.check.ladder import run_ladder
+
+                run_ladder(cfg, state, run_dir, journal)
+                return None
             val_loss = Trainer(cfg, run_dir, state, hooks=build_hooks(cfg)).train()
     except BaseException as error:
         journal_outcome(journal, error)

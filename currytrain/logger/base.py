@@ -6,8 +6,8 @@ them (TensorBoard, W&B) and the others ignore them. Only rank 0 builds loggers.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -20,7 +20,7 @@ class Logger(Protocol):
 
     def log_text(self, name: str, text: str, step: int = 0) -> None: ...
 
-    def log_histogram(self, name: str, values: Sequence[float], step: int) -> None: ...
+    def log_histogram(self, name: str, values: Any, step: int) -> None: ...
 
     def close(self, status: str = "finished") -> None:
         """status: finished, or failed when the run ended any other way."""
@@ -45,7 +45,7 @@ class MultiLogger:
         for logger in self.loggers:
             logger.log_text(name, text, step)
 
-    def log_histogram(self, name: str, values: Sequence[float], step: int) -> None:
+    def log_histogram(self, name: str, values: Any, step: int) -> None:
         for logger in self.loggers:
             logger.log_histogram(name, values, step)
 

@@ -1,10 +1,13 @@
-"""JSONL backend: one line per logged step, {"step": N, name: value, ...}; easy to read back with pandas."""
+"""JSONL backend: one line per logged step, {"step": N, name: value, ...}; easy to read back with pandas.
+Texts go to their own file (<filename stem>.text.jsonl) so every line of the metrics file stays numeric;
+histograms are ignored."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 
 class JsonlLogger:
@@ -22,7 +25,7 @@ class JsonlLogger:
     def log_text(self, name: str, text: str, step: int = 0) -> None:
         self.file.write(json.dumps({"step": step, "text": name, "value": text}) + "\n")
 
-    def log_histogram(self, name: str, values: Sequence[float], step: int) -> None:
+    def log_histogram(self, name: str, values: Any, step: int) -> None:
         pass  # a histogram is not a scalar curve; TensorBoard and W&B show them
 
     def close(self, status: str = "finished") -> None:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from currytrain.journal import flatten
 
@@ -44,7 +45,7 @@ class MLflowLogger:
     def log_text(self, name: str, text: str, step: int = 0) -> None:
         self.client.log_text(self.run_id, text, f"{name.replace('/', '_')}_{step}.txt")
 
-    def log_histogram(self, name: str, values: Sequence[float], step: int) -> None:
+    def log_histogram(self, name: str, values: Any, step: int) -> None:
         pass  # MLflow has no histogram view
 
     def close(self, status: str = "finished") -> None:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 
 class TensorBoardLogger:
@@ -28,7 +29,7 @@ class TensorBoardLogger:
     def log_text(self, name: str, text: str, step: int = 0) -> None:
         self.writer.add_text(name, text, global_step=step)
 
-    def log_histogram(self, name: str, values: Sequence[float], step: int) -> None:
+    def log_histogram(self, name: str, values: Any, step: int) -> None:
         import numpy as np
 
         self.writer.add_histogram(name, np.asarray(values, dtype=np.float64), global_step=step)

@@ -4,8 +4,11 @@ logs to the user's W&B account."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from currytrain.logger.mlflow import _journal_tags
 
@@ -45,8 +48,8 @@ class WandbLogger:
     def log_text(self, name: str, text: str, step: int = 0) -> None:
         self._log({name: self.wandb.Html(f"<pre>{text}</pre>")}, step)
 
-    def log_histogram(self, name: str, values: Sequence[float], step: int) -> None:
-        self._log({name: self.wandb.Histogram(list(values))}, step)
+    def log_histogram(self, name: str, values: Any, step: int) -> None:
+        self._log({name: self.wandb.Histogram(np.asarray(values, dtype=np.float64))}, step)
 
     def close(self, status: str = "finished") -> None:
         self.run.finish(exit_code=0 if status == "finished" else 1)

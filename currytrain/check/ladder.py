@@ -1,0 +1,89 @@
+"""The ladder: climb the configured stages in order, report each (report.md + PNGs, one journal event, a
+console table) and raise GateFailed at the first failed gate. run_worker calls run_ladder when check is
+not none, inside the parallel session it opened."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from currytrain.check.stage import Stage, StageContext, StageResult, Status
+from currytrain.errors import GateFailed
+from currytrain.journal import Journal
+from currytrain.parallel.state import ParallelState
+
+log = logging.getLogger(__name__)
+
+REPORT = "report.md"
+
+
+class Ladder:
+    """The stages of `check.stages` (built Stage objects, by name), run in order."""
+
+    def __init__(self, stages: dict[str, Any], stop_at_failure: bool = True):
+        self.stages: dict[str, Stage] = dict(stages)
+        self.stop_at_failure = stop_at_failure
+
+    def climb(self, ctx: StageContext) -> list[StageResult]:
+        """Every stage's result, stopping after the first failed gate (stop_at_failure)."""
+        results = []
+        for name, stage in self.stages.items():
+            log.info("check: stage %s", name)
+            result = stage.run(ctx)
+            result.stage = name
+            results.append(result)
+            record(ctx, result)
+            if result.status is Status.FAILED and self.stop_at_failure:
+                break
+        return results
+
+
+def record(ctx: StageContext, result: StageResult) -> None:
+    """One journal event per stage, with every finding."""
+    findings = [dataclasses.asdict(finding) | {"status": finding.status.value, "seconds": round(finding.seconds, 3)} for finding in result.findings]
+    figures = [str(Path(p).name) for p in result.figures]
+    ctx.journal.event("check", stage=result.stage, status=result.status.value, seconds=round(result.seconds, 2), findings=findings, figures=figures)
+    text = "\n".join(f"{f.status.value:7s} {f.name}: {f.observed}" for f in result.findings)
+    ctx.loggers.log_text(f"check/{result.stage}", text, 0)
+
+
+def run_ladder(cfg: DictConfig, state: ParallelState, run_dir: Path, journal: Journal) -> list[StageResult]:
+    """Build cfg.check's ladder and climb it; write report.md and the console table (main rank).
+
+    Raises GateFailed (exit code 3) naming the first failed gate, its cause and its fix.
+    """
+    from currytrain.build import allow_modules, build
+    from currytrain.trainer.trainer import build_loggers
+
+    allow_modules(cfg.build.allow)  # user stages live in experiments/ or a build.allow package
+    ladder = build(cfg.check)
+    loggers = build_loggers(cfg.logger, run_dir, enabled=state.is_main)
+    ctx = StageContext(cfg, state, Path(run_dir), journal, loggers)
+    try:
+        results = ladder.climb(ctx)
+    finally:
+        loggers.close()
+    if state.is_main:
+        from currytrain.check.report import print_table, write_report
+
+        path = write_report(Path(run_dir) / REPORT, results, list(ladder.stages))
+        print_table(results)
+        print(f"check: report in {path}")
+    failed = next((result for result in results if result.status is Status.FAILED), None)
+    if failed is not None:
+        raise GateFailed(gate_message(failed, Path(run_dir) / REPORT))
+    return results
+
+
+def gate_message(result: StageResult, report: Path) -> str:
+    lines = [f"check: stage {result.stage} failed its gate:"]
+    for finding in result.failures():
+        lines.append(f"  - {finding.name}: observed {finding.observed}; expected {finding.expected}")
+        lines.append(f"    cause: {finding.cause}")
+        lines.append(f"    fix: {finding.fix}")
+    lines.append(f"  report: {report}")
+    return "\n".join(lines)

@@ -1,0 +1,286 @@
+"""Stage sanity: the loss at init against chance, overfitting one small batch (the gate), and per-layer
+gradient and activation statistics over a few steps (as figures, and as histograms for the loggers)."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from currytrain.check import figures
+from currytrain.check.probes import StepFn, chance_loss, eval_loss, get_batch, output_size, peak_lr, scratch, train_step
+from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status, crash_finding, probe
+from currytrain.components import Components
+from currytrain.logger.base import MultiLogger
+
+
+def init_loss(parts: Components, batch_size: int, batches: int, tolerance: float) -> Finding:
+    """Mean val loss at init vs -log(1/C): a fresh model should spread its bets evenly over C classes."""
+    val = [get_batch(parts, batch_size, split="val", step=index) for index in range(batches)]
+    observed_loss = sum(eval_loss(parts, batch) for batch in val) / batches
+    classes = output_size(parts, val[0])
+    chance = chance_loss(classes)
+    observed = f"{observed_loss:.4f} nats/token"
+    expected = f"-log(1/{classes}) = {chance:.4f} +- {tolerance:g}"
+    if not math.isfinite(observed_loss) or observed_loss > chance + tolerance:
+        return Finding(
+            "init loss",
+            Status.FAILED,
+            observed,
+            expected,
+            "too high: the logits are large at init (init scale too big), or the outputs are not raw logits (double softmax)",
+            f"lower model.init_std (now {parts.cfg.model.get('init_std', '?')}; 0.02 is usual), and return raw logits",
+        )
+    if observed_loss < chance - tolerance:
+        return Finding(
+            "init loss",
+            Status.FAILED,
+            observed,
+            expected,
+            "too low: the untrained model beats chance, so the labels leak into the inputs",
+            "check the data adapter's batch() (targets must be the inputs shifted by one)",
+        )
+    return Finding("init loss", Status.PASSED, observed, expected)
+
+
+@dataclass
+class Curve:
+    losses: list[float] = field(default_factory=list)
+
+
+def overfit_one_batch(parts: Components, step: StepFn, sequences: int, max_steps: int, threshold: float, curve: Curve) -> Finding:
+    """Train on one fixed batch of `sequences` sequences at the peak lr until the loss is below `threshold`."""
+    batch = get_batch(parts, sequences)
+    lr = peak_lr(parts)
+    with scratch(parts, lr="peak"):
+        final = math.inf
+        for index in range(max_steps):
+            torch.manual_seed(index)
+            curve.losses.append(step(parts, batch).loss)
+            if not math.isfinite(curve.losses[-1]):
+                break
+            # The step's loss is from before its update: confirm in eval mode once it dips below the bar.
+            if curve.losses[-1] < threshold and (final := eval_loss(parts, batch)) < threshold:
+                break
+        final = eval_loss(parts, batch)
+    losses = curve.losses
+    expected = f"< {threshold:g} within {max_steps} steps"
+    observed = f"{final:.4f} after {len(losses)} steps at lr={lr:g} (start {losses[0]:.3f}, best {min(losses):.3f})"
+    if final < threshold:
+        return Finding("overfit one batch", Status.PASSED, observed, expected)
+    chance = chance_loss(output_size(parts, batch))
+    if not math.isfinite(final) or final > losses[0]:
+        cause, fix = f"the loss diverged: lr={lr:g} is too high", f"lower optimizer.lr (try {lr / 10:g}) or set trainer.grad_clip=1.0"
+    elif min(losses) > chance - 1.5:
+        cause = f"the loss cannot go far below chance ln(C)={chance:.2f}: the outputs are bounded (a softmax before the loss: double softmax), or the gradients do not reach the weights"
+        fix = "return raw logits; run check=preflight for gradient flow"
+    else:
+        cause, fix = (
+            "the model learns, but too slowly to memorise one batch",
+            "raise check.stages.sanity.overfit_steps or optimizer.lr; a too-small model cannot memorise either",
+        )
+    return Finding("overfit one batch", Status.FAILED, observed, expected, cause, fix)
+
+
+@dataclass
+class LayerStats:
+    """Per block of model.layers, over the stats steps."""
+
+    activation_mean: list[float]
+    activation_std: list[float]
+    activation_max: list[float]
+    grad_norm: list[float]
+    dead_fraction: list[float]
+
+
+def _blocks(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    if hasattr(model, "layers"):
+        return [(f"layers.{index}", block) for index, block in enumerate(model.layers)]
+    return list(model.named_children())
+
+
+def gather_layer_stats(parts: Components, step: StepFn, batch_size: int, steps: int, loggers: MultiLogger) -> LayerStats:
+    """Train `steps` steps (restored afterwards), recording each block's output and gradient statistics."""
+    blocks = _blocks(parts.model)
+    outputs: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(blocks))}
+    dead: dict[int, list[float]] = {i: [] for i in range(len(blocks))}
+    grads: dict[int, list[float]] = {i: [] for i in range(len(blocks))}
+    handles = []
+    for index, (_, block) in enumerate(blocks):
+        handles.append(block.register_forward_hook(lambda module, args, out, i=index: outputs[i].append(_first_tensor(out).detach().float())))
+        for linear in (m for m in block.modules() if isinstance(m, torch.nn.Linear)):
+            handles.append(linear.register_forward_pre_hook(lambda module, args, i=index: dead[i].append(_dead_share(args[0]))))
+
+    def record_grads(optimizer, args, kwargs):
+        for i, (_, block) in enumerate(blocks):
+            squares = [p.grad.detach().float().pow(2).sum() for p in block.parameters() if p.grad is not None]
+            grads[i].append(float(torch.stack(squares).sum().sqrt()) if squares else 0.0)
+
+    handles.append(parts.optimizer.register_step_pre_hook(record_grads))
+    try:
+        with scratch(parts):
+            for index in range(steps):
+                step(parts, get_batch(parts, batch_size, step=index))
+                _log_histograms(loggers, blocks, outputs, index)
+    finally:
+        for handle in handles:
+            handle.remove()
+    flat = [torch.cat([o.flatten() for o in outs]) if outs else torch.full((1,), float("nan")) for outs in outputs.values()]
+    mean = lambda values: sum(values) / len(values) if values else 0.0  # noqa: E731
+    return LayerStats(
+        activation_mean=[float(x.mean()) for x in flat],
+        activation_std=[float(x.std()) if x.numel() > 1 else float("nan") for x in flat],
+        activation_max=[float(x.abs().max()) for x in flat],
+        grad_norm=[mean(grads[i]) for i in grads],
+        dead_fraction=[mean(dead[i]) for i in dead],
+    )
+
+
+def _first_tensor(out) -> torch.Tensor:
+    return out if isinstance(out, torch.Tensor) else next(t for t in out if isinstance(t, torch.Tensor))
+
+
+def _dead_share(x: torch.Tensor) -> float:
+    """Share of features (last dim) that are zero on every token: units that never fire."""
+    flat = x.detach().reshape(-1, x.shape[-1])
+    return float((flat.abs().amax(0) == 0).float().mean())
+
+
+def _log_histograms(loggers: MultiLogger, blocks, outputs: dict[int, list[torch.Tensor]], step: int) -> None:
+    for i, (name, block) in enumerate(blocks):
+        if outputs[i]:
+            loggers.log_histogram(f"check/activation/{name}", outputs[i][-1].flatten(), step)
+        weights = [p.detach().flatten() for p in block.parameters()]
+        if weights:
+            loggers.log_histogram(f"check/weight/{name}", torch.cat(weights), step)
+
+
+def layer_findings(stats: LayerStats, names: list[str], ratio: float, growth: float, dead_limit: float) -> list[Finding]:
+    findings = []
+    norms, stds = stats.grad_norm, stats.activation_std
+    finite = all(math.isfinite(v) for v in norms + stds)
+    expected = "finite, non-zero gradient norm in every block"
+    observed = "grad norms " + ", ".join(f"{n:.2g}" for n in norms)
+    if not finite:
+        findings.append(
+            Finding("layer gradients", Status.FAILED, observed, expected, "non-finite gradients or activations", "lower optimizer.lr or model.init_std")
+        )
+    elif any(n == 0 for n in norms):
+        zero = [names[i] for i, n in enumerate(norms) if n == 0]
+        findings.append(
+            Finding(
+                "layer gradients",
+                Status.FAILED,
+                observed,
+                expected,
+                f"dead layer: {', '.join(zero)} get no gradient",
+                "check the init and the connections of these blocks",
+            )
+        )
+    elif max(norms) > 0 and min(norms) / max(norms) < ratio:
+        findings.append(
+            Finding(
+                "layer gradients",
+                Status.WARNING,
+                observed,
+                f"min/max block gradient norm >= {ratio:g}",
+                "gradients vanish or explode with depth",
+                "check the residual connections, norms and init scaling",
+            )
+        )
+    else:
+        findings.append(Finding("layer gradients", Status.PASSED, observed, expected))
+    observed = "activation std " + ", ".join(f"{s:.2g}" for s in stds)
+    if finite and stds and stds[0] > 0 and stds[-1] / stds[0] > growth:
+        findings.append(
+            Finding(
+                "layer activations",
+                Status.WARNING,
+                observed,
+                f"last/first block std <= {growth:g}",
+                "activations explode with depth",
+                "scale residual writes down with depth (the default init does)",
+            )
+        )
+    else:
+        findings.append(Finding("layer activations", Status.PASSED if finite else Status.FAILED, observed, f"last/first block std <= {growth:g}"))
+    worst = max(range(len(names)), key=lambda i: stats.dead_fraction[i]) if names else 0
+    share = stats.dead_fraction[worst] if names else 0.0
+    observed = f"at most {share:.0%} dead inputs to linear layers ({names[worst] if names else '-'})"
+    if share > dead_limit:
+        findings.append(
+            Finding(
+                "dead units",
+                Status.WARNING,
+                observed,
+                f"<= {dead_limit:.0%}",
+                "units that are zero on every token (dead ReLUs, neurons that never spike)",
+                "check the init, the thresholds, or lower the lr",
+            )
+        )
+    else:
+        findings.append(Finding("dead units", Status.PASSED, observed, f"<= {dead_limit:.0%}"))
+    return findings
+
+
+class Sanity(Stage):
+    """Init loss vs chance, overfit one batch (gated), per-layer statistics. Thresholds: SanityConfig's fields."""
+
+    name = "sanity"
+
+    def __init__(
+        self,
+        init_batches: int = 4,
+        batch_size: int = 8,
+        init_tolerance: float = 0.5,
+        overfit_sequences: int = 3,
+        overfit_steps: int = 300,
+        overfit_loss: float = 0.2,
+        stats_steps: int = 5,
+        vanishing_ratio: float = 1e-3,
+        activation_growth: float = 100.0,
+        dead_fraction: float = 0.5,
+    ):
+        self.init_batches, self.batch_size, self.init_tolerance = init_batches, batch_size, init_tolerance
+        self.overfit_sequences, self.overfit_steps, self.overfit_loss = overfit_sequences, overfit_steps, overfit_loss
+        self.stats_steps, self.vanishing_ratio = stats_steps, vanishing_ratio
+        self.activation_growth, self.dead_fraction = activation_growth, dead_fraction
+        self.step_fn: StepFn = train_step
+        """The training step the probes run (tests put a broken one here)."""
+
+    def assess(self, parts: Components, ctx: StageContext) -> StageResult:
+        result = StageResult(self.name)
+        result.findings.append(probe("init loss", lambda: init_loss(parts, self.batch_size, self.init_batches, self.init_tolerance)))
+        curve = Curve()
+        result.findings.append(
+            probe("overfit one batch", lambda: overfit_one_batch(parts, self.step_fn, self.overfit_sequences, self.overfit_steps, self.overfit_loss, curve))
+        )
+        if curve.losses and ctx.state.is_main:  # one writer of the run folder
+            result.figures.append(
+                figures.overfit_curve(Path(ctx.run_dir) / "sanity_overfit.png", curve.losses, self.overfit_loss, chance_loss(parts.cfg.model.vocab_size))
+            )
+        names = [name for name, _ in _blocks(parts.model)]
+        started = time.perf_counter()
+        try:
+            stats = gather_layer_stats(parts, self.step_fn, self.batch_size, self.stats_steps, ctx.loggers)
+        except Exception as error:  # reported as a finding, like every probe
+            result.findings.append(crash_finding("layer statistics", error))
+            return result
+        layers = layer_findings(stats, names, self.vanishing_ratio, self.activation_growth, self.dead_fraction)
+        layers[0].seconds = time.perf_counter() - started  # the steps that gathered all three
+        result.findings += layers
+        if ctx.state.is_main:
+            result.figures.append(figures.layer_stats(Path(ctx.run_dir) / "sanity_layers.png", names, stats))
+        result.details = stats_table(names, stats)
+        return result
+
+
+def stats_table(names: list[str], stats: LayerStats) -> str:
+    lines = ["| block | activation mean | activation std | activation max abs | grad norm | dead inputs |", "|---|---:|---:|---:|---:|---:|"]
+    for i, name in enumerate(names):
+        row = (stats.activation_mean[i], stats.activation_std[i], stats.activation_max[i], stats.grad_norm[i])
+        lines.append(f"| {name} | " + " | ".join(f"{value:.3g}" for value in row) + f" | {stats.dead_fraction[i]:.0%} |")
+    return "\n".join(lines)

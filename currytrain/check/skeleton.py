@@ -1,0 +1,139 @@
+"""Stage skeleton: compose, build, one forward pass. Catches shape bugs, wrong vocab sizes and outputs that
+are not logits before anything trains, and records parameter counts and where each component came from."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from currytrain.build import targets
+from currytrain.check.probes import eval_mode, get_batch
+from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status, probe
+from currytrain.components import Components
+
+
+def parameter_counts(model: torch.nn.Module) -> list[tuple[str, int]]:
+    """Parameters per top-level module, blocks of `layers` one by one (shared weights counted once, where first seen)."""
+    seen: set[int] = set()
+    rows = []
+    named = [(f"layers.{i}", block) for i, block in enumerate(model.layers)] if hasattr(model, "layers") else []
+    named += [(name, module) for name, module in model.named_children() if name != "layers"]
+    for name, module in named:
+        count = 0
+        for param in module.parameters():
+            if id(param) not in seen:
+                seen.add(id(param))
+                count += param.numel()
+        rows.append((name, count))
+    return rows
+
+
+def origins(cfg: DictConfig) -> list[tuple[str, str, str]]:
+    """(config key, _target_, source file) of every component the config builds."""
+    from hydra.utils import get_object
+
+    rows = []
+    for key, target in targets(cfg):
+        try:
+            source = inspect.getsourcefile(get_object(target)) or "?"
+        except (TypeError, ImportError, AttributeError) as error:
+            source = f"? ({error})"
+        rows.append((key, target, _short_path(source)))
+    return rows
+
+
+def _short_path(source: str) -> str:
+    path = Path(source)
+    for root in (Path.cwd(), Path(torch.__file__).parents[1]):
+        if path.is_relative_to(root):
+            return str(path.relative_to(root))
+    return source
+
+
+def batch_finding(parts: Components, batch: tuple[torch.Tensor, torch.Tensor], batch_size: int) -> Finding:
+    inputs, targets_ = batch
+    vocab = parts.cfg.model.vocab_size
+    expected = f"inputs and targets ({batch_size}, {parts.data.seq_len}) int64, ids in [0, {vocab})"
+    observed = f"inputs {tuple(inputs.shape)} {inputs.dtype}, targets {tuple(targets_.shape)} {targets_.dtype}, ids in [{int(inputs.min())}, {int(max(inputs.max(), targets_.max()))}]"
+    shape_ok = inputs.shape == targets_.shape == (batch_size, parts.data.seq_len) and inputs.dtype == targets_.dtype == torch.int64
+    if not shape_ok:
+        return Finding(
+            "batch shapes", Status.FAILED, observed, expected, "the data adapter's batch() returns other shapes or dtypes", "fix the adapter's batch()"
+        )
+    top = int(max(inputs.max(), targets_.max()))
+    if top >= vocab or int(min(inputs.min(), targets_.min())) < 0:
+        return Finding(
+            "batch shapes", Status.FAILED, observed, expected, "token ids outside the model's vocabulary", f"pass model.vocab_size={top + 1} (or larger)"
+        )
+    return Finding("batch shapes", Status.PASSED, observed, expected)
+
+
+def forward_finding(parts: Components, inputs: torch.Tensor) -> Finding:
+    vocab = parts.cfg.model.vocab_size
+    expected = f"logits {(*inputs.shape, vocab)}, floating point, finite"
+    with torch.no_grad(), eval_mode(parts.model):
+        logits = parts.model(inputs)
+    observed = f"{type(logits).__name__} {tuple(getattr(logits, 'shape', ()))} {getattr(logits, 'dtype', '')}"
+    if not isinstance(logits, torch.Tensor) or logits.shape != (*inputs.shape, vocab) or not logits.is_floating_point():
+        return Finding(
+            "forward shape", Status.FAILED, observed, expected, "the model's forward returns another shape", "check model.vocab_size and the readout"
+        )
+    if not torch.isfinite(logits).all():
+        return Finding("forward shape", Status.FAILED, observed + ", not finite", expected, "the forward pass overflows at init", "lower model.init_std")
+    return Finding("forward shape", Status.PASSED, observed, expected)
+
+
+def logits_finding(parts: Components, inputs: torch.Tensor) -> Finding:
+    """cross_entropy applies log_softmax itself: outputs that already are probabilities mean a double softmax."""
+    with torch.no_grad(), eval_mode(parts.model):
+        logits = parts.model(inputs).float()
+    row_sums = logits.sum(-1)
+    probabilities = bool((logits >= 0).all() and (logits <= 1).all() and torch.allclose(row_sums, torch.ones_like(row_sums), atol=1e-3))
+    observed = f"min {logits.min():.3g}, max {logits.max():.3g}, rows sum to {row_sums.mean():.3g}"
+    if probabilities:
+        return Finding(
+            "outputs are logits",
+            Status.FAILED,
+            observed,
+            "unnormalised logits (the loss applies log_softmax itself)",
+            "the model returns probabilities: a softmax before the cross-entropy (double softmax)",
+            "return the raw logits from the model's forward/readout",
+        )
+    return Finding("outputs are logits", Status.PASSED, observed, "unnormalised logits")
+
+
+class Skeleton(Stage):
+    """Build every component, check one batch and one forward pass, record sizes and origins."""
+
+    name = "skeleton"
+
+    def __init__(self, batch_size: int = 2):
+        self.batch_size = batch_size
+
+    def assess(self, parts: Components, ctx: StageContext) -> StageResult:
+        batch = get_batch(parts, self.batch_size)
+        result = StageResult(self.name)
+        result.findings.append(probe("batch shapes", lambda: batch_finding(parts, batch, self.batch_size)))
+        if result.status is Status.FAILED:  # a forward pass on ids outside the vocabulary would only crash
+            return result
+        result.findings.append(probe("forward shape", lambda: forward_finding(parts, batch[0])))
+        result.findings.append(probe("outputs are logits", lambda: logits_finding(parts, batch[0])))
+        result.details = details(parts, ctx.cfg)
+        return result
+
+
+def details(parts: Components, cfg: DictConfig) -> str:
+    counts = parameter_counts(parts.model)
+    total = sum(p.numel() for p in parts.model.parameters())
+    lines = ["| module | parameters |", "|---|---:|", *(f"| {name} | {count:,} |" for name, count in counts), f"| **total** | **{total:,}** |", ""]
+    lines += ["| config key | _target_ | source |", "|---|---|---|", *(f"| {key} | `{target}` | {source} |" for key, target, source in origins(cfg)), ""]
+    lines.append(f"data: {_describe(parts.data)}")
+    return "\n".join(lines)
+
+
+def _describe(data: Any) -> str:
+    return str(data.describe()) if hasattr(data, "describe") else type(data).__name__

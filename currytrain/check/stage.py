@@ -1,0 +1,129 @@
+"""What a ladder stage is: a class built from its config node that turns a StageContext into a StageResult.
+
+A stage builds what it probes through build_components (the way a run builds it) and hands the built
+Components to `assess`, so tests inject broken models, optimizers or data by passing their own Components.
+Each probe of a stage yields a Finding: passed, warning or failed, with what was observed and expected
+and, when it did not pass, the likely cause and the fix. A stage's status is its worst finding.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from currytrain.components import Components, build_components
+from currytrain.journal import Journal
+from currytrain.logger.base import MultiLogger
+from currytrain.parallel.state import ParallelState
+
+
+class Status(str, enum.Enum):
+    PASSED = "passed"
+    WARNING = "warning"
+    FAILED = "failed"
+    """A failed gate: the ladder stops here and the job exits 3."""
+
+    @property
+    def rank(self) -> int:
+        return {"passed": 0, "warning": 1, "failed": 2}[self.value]
+
+
+@dataclass
+class Finding:
+    """One probe's verdict."""
+
+    name: str
+    """What the probe checks ("gradient flow")."""
+    status: Status
+    observed: str
+    """What the probe measured, with its unit."""
+    expected: str
+    """What a healthy setup gives (the threshold)."""
+    cause: str = ""
+    """What most likely produced a warning or failure."""
+    fix: str = ""
+    """What to change (a config key or the code to look at)."""
+    seconds: float = 0.0
+    """Wall time the probe took."""
+
+
+@dataclass
+class StageResult:
+    stage: str
+    """The stage's name in check.stages."""
+    findings: list[Finding] = field(default_factory=list)
+    """One per probe, in the order they ran."""
+    figures: list[Path] = field(default_factory=list)
+    """PNGs the stage wrote into the run folder (report.md links them)."""
+    details: str = ""
+    """Extra markdown for the report (tables of parameter counts, component origins, statistics)."""
+    seconds: float = 0.0
+    """Wall time of the whole stage, building included."""
+
+    @property
+    def status(self) -> Status:
+        return max((finding.status for finding in self.findings), key=lambda status: status.rank, default=Status.PASSED)
+
+    def failures(self) -> list[Finding]:
+        return [finding for finding in self.findings if finding.status is Status.FAILED]
+
+
+@dataclass
+class StageContext:
+    """What every stage receives: the composed config, the open parallel session, the run folder,
+    the journal and the loggers (histograms go there)."""
+
+    cfg: DictConfig
+    state: ParallelState
+    run_dir: Path
+    journal: Journal
+    loggers: MultiLogger = field(default_factory=lambda: MultiLogger([]))
+
+    def build(self) -> Components:
+        """Fresh components, built exactly as a training run builds them."""
+        return build_components(self.cfg, self.state)
+
+
+class Stage:
+    """Base of the ladder's stages. Subclasses take their thresholds as constructor arguments (the fields of
+    their config dataclass) and implement assess(parts, ctx)."""
+
+    name = "stage"
+
+    def run(self, ctx: StageContext) -> StageResult:
+        started = time.perf_counter()
+        result = self.assess(ctx.build(), ctx)
+        result.seconds = time.perf_counter() - started
+        return result
+
+    def assess(self, parts: Components, ctx: StageContext) -> StageResult:
+        raise NotImplementedError
+
+
+def probe(name: str, run: Callable[[], Finding]) -> Finding:
+    """Run one probe; a probe that crashes is a failed finding naming the exception (the stage goes on)."""
+    started = time.perf_counter()
+    try:
+        finding = run()
+    except Exception as error:  # a crash inside a probe is itself the finding
+        finding = crash_finding(name, error)
+    finding.seconds = time.perf_counter() - started
+    return finding
+
+
+def crash_finding(name: str, error: Exception) -> Finding:
+    where = traceback.extract_tb(error.__traceback__)[-1]
+    cause = f"the probe raised at {where.filename}:{where.lineno} ({where.name})"
+    return Finding(name, Status.FAILED, f"{type(error).__name__}: {error}", "the probe runs", cause, "fix the code there")
+
+
+def fmt(value: Any) -> str:
+    """A number as the report shows it."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
