@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from currytrain.errors import EXIT_CONFIG_ERROR, ConfigRejected, Outcome
+from currytrain.errors import EXIT_CONFIG_ERROR, ConfigRejected, Outcome, Pruned
 
 _task_started = False
 _outcomes: list[Outcome] = []
@@ -47,7 +47,10 @@ def exit_code(hydra_code: int | str | None) -> int | str | None:
         return hydra_code
     if not _task_started:
         return EXIT_CONFIG_ERROR
-    return _outcomes[0].exit_code if _outcomes else 1
+    # A pruned trial is how a sweep saves compute, not why the command failed: a sweep stopped by
+    # max_failures exits with its failed trials' code (a crash: 1), not with a pruned trial's 4.
+    failures = [outcome for outcome in _outcomes if not isinstance(outcome, Pruned)]
+    return failures[0].exit_code if failures else 1
 
 
 def torchrun_follower() -> bool:
