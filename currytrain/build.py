@@ -25,9 +25,10 @@ _extra_allowed: tuple[str, ...] = ()
 
 
 def allow_modules(modules: Iterable[str]) -> None:
-    """Add the config's `build.allow` modules for every later build() in this process (build_components calls it)."""
+    """The config's `build.allow` modules, for every later build() in this process (build_components sets
+    them for the run it builds; they replace those of an earlier run in the same process)."""
     global _extra_allowed
-    _extra_allowed = tuple(dict.fromkeys([*_extra_allowed, *modules]))
+    _extra_allowed = tuple(modules)
 
 
 def _inside(module: str, allowed: Iterable[str]) -> bool:
@@ -36,7 +37,7 @@ def _inside(module: str, allowed: Iterable[str]) -> bool:
 
 def target_problem(target: str, extra: Iterable[str] = ()) -> str | None:
     """Why `target` may not be built (outside the allowed modules, or not importable), or None if it may."""
-    allowed = (*ALLOWED_MODULES, *_extra_allowed, *extra)
+    allowed = (*ALLOWED_MODULES, *extra)
     module, _, _ = target.rpartition(".")
     fix = "move the class into experiments/ (or add its package to build.allow)"
     if not module or not _inside(module, allowed):
@@ -79,7 +80,7 @@ def build(cfg: DictConfig, *, exclude: Iterable[str] = (), **runtime: Any) -> An
     """
     if cfg.get("_target_") is None:
         return None
-    problems = target_problems(cfg)
+    problems = target_problems(cfg, extra=_extra_allowed)
     if problems:
         raise ConfigError("; ".join(problems))
     collisions = sorted(set(runtime) & set(cfg.keys()))

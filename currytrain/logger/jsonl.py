@@ -23,7 +23,9 @@ class JsonlLogger:
         pass  # the journal header and resolved.yaml already hold the config
 
     def log_text(self, name: str, text: str, step: int = 0) -> None:
-        self.file.write(json.dumps({"step": step, "text": name, "value": text}) + "\n")
+        # Texts get their own file (<stem>.text.jsonl), so every line of the metrics file stays numeric.
+        with self.path.with_suffix(".text.jsonl").open("a") as file:
+            file.write(json.dumps({"step": step, "name": name, "text": text}) + "\n")
 
     def log_histogram(self, name: str, values: Any, step: int) -> None:
         pass  # a histogram is not a scalar curve; TensorBoard and W&B show them
