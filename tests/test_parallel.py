@@ -103,6 +103,30 @@ def test_every_strategy_matches_single_process_and_resumes_across_layouts(compos
         assert_same_curve(resumed, reference, f"single_from_{source}")
 
 
+@pytest.mark.slow
+def test_exports_and_init_from_read_a_sharded_checkpoint(tmp_path):
+    """An fsdp@2 checkpoint (each rank wrote its shards) exports to transformers with the trained weights, and
+    a new run starts from it (trainer.init_from); DCP reassembles the shards for one process."""
+    import torch
+    import transformers
+
+    from currytrain.hf.convert import export_hf, load_model
+
+    result = launch("parallel=fsdp", "parallel.nproc=2", "logger=[jsonl]", "trainer.checkpoint_every=6", f"hydra.run.dir={tmp_path / 'fsdp'}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    checkpoint = tmp_path / "fsdp" / "checkpoints" / "step_6"
+    export_hf(checkpoint, tmp_path / "exported")
+    ours = load_model(checkpoint)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()
+    tokens = torch.randint(0, 256, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(tokens).logits, ours(tokens), atol=1e-5, rtol=0)
+    result = launch("trainer.max_steps=3", "logger=[jsonl]", f"trainer.init_from={checkpoint}", f"hydra.run.dir={tmp_path / 'init'}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    # It starts where the sharded run was at step 6, well below where that run started.
+    assert curve(tmp_path / "init")[1] < curve(tmp_path / "fsdp")[1] - 0.1
+
+
 # ------------------------------------------------------------------------------ launching, as a user does
 
 
