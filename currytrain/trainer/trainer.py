@@ -22,6 +22,7 @@ from currytrain.logger.base import MultiLogger
 from currytrain.model.hooks import HasTrainingMetrics
 from currytrain.parallel.memory import optimizer_state_bytes, param_bytes
 from currytrain.parallel.state import ParallelState, resolve_device
+from currytrain.trainer.heartbeat import Heartbeat
 from currytrain.trainer.hooks import Action, Decision, StepHook, decide
 from currytrain.trainer.progress import Progress
 from currytrain.trainer.step import causal_lm_loss, run_accumulated_step
@@ -66,6 +67,8 @@ class Trainer:
         self.loggers = build_loggers(cfg.logger, self.run_dir, enabled=self.state.is_main)
         self.loggers.log_config(OmegaConf.to_container(cfg, resolve=True))
         self.hooks = list(hooks)
+        # Where each rank is, for `currytrain diagnose` to name a straggler (the journal is rank 0's).
+        self.heartbeat = Heartbeat(self.run_dir, self.state.rank, enabled=self.state.world_size > 1)
         self.memory_logged = False
         # trainer.batch_size is the global batch: the dp ranks split it, so this does not depend on their number.
         self.tokens_per_step = self.cfg.batch_size * self.cfg.grad_accum * self.data.seq_len
@@ -87,6 +90,7 @@ class Trainer:
             return val_loss
         finally:
             self.loggers.close(status)
+            self.heartbeat.close()
 
     def _train(self) -> float:
         if not self.maybe_resume():
@@ -116,7 +120,9 @@ class Trainer:
         tic = time.perf_counter()
         # 1. forward/backward over the microbatches, 2. clip, 3. finiteness check, 4. optimizer step
         data_step = step + self.train_state.data_offset  # past the batches of rolled-back steps
+        self.heartbeat.beat(step, "data")
         microbatches = [self.batch("train", data_step, micro) for micro in range(cfg.grad_accum)]
+        self.heartbeat.beat(step, "compute")
         result = run_accumulated_step(
             self.model,
             self.optimizer,
@@ -161,6 +167,7 @@ class Trainer:
             self.save_checkpoint()
         # 8. hooks: abort conditions, sweep pruning, ladder probes
         self.act_on(decide(self.hooks, step, metrics))
+        self.heartbeat.beat(step, "done")
         return metrics
 
     def log_memory(self, grads: int | None) -> None:
