@@ -19,7 +19,18 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from currytrain.abort.config import AbortConfig, NoAbortConfig
-from currytrain.check.config import FullLadderConfig, NoCheckConfig, PreflightCheckConfig, SanityCheckConfig, SkeletonCheckConfig
+from currytrain.check.config import (
+    AblationCheckConfig,
+    FullLadderConfig,
+    LRRangeCheckConfig,
+    MupCheckCheckConfig,
+    NoCheckConfig,
+    PreflightCheckConfig,
+    SanityCheckConfig,
+    ScalingCheckConfig,
+    SeedsCheckConfig,
+    SkeletonCheckConfig,
+)
 from currytrain.data.config import StdlibBytesConfig, SyntheticConfig, TextConfig, TokensConfig
 from currytrain.logger.config import JsonlConfig, MLflowConfig, TensorBoardConfig, WandbConfig
 from currytrain.model.config import GQAConfig, MoEConfig, SpikingConfig
@@ -40,6 +51,11 @@ SCHEMAS: dict[str, dict[str, type]] = {
         "skeleton": SkeletonCheckConfig,
         "preflight": PreflightCheckConfig,
         "sanity": SanityCheckConfig,
+        "lr_range": LRRangeCheckConfig,
+        "mup": MupCheckCheckConfig,
+        "seeds": SeedsCheckConfig,
+        "ablation": AblationCheckConfig,
+        "scaling": ScalingCheckConfig,
         "ladder": FullLadderConfig,
     },
     "sweep": {"none": NoSweepConfig, **{name: OptunaSweepConfig for name in SWEEP_PRESETS}},

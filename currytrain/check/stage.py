@@ -96,10 +96,12 @@ class Stage:
     their config dataclass) and implement assess(parts, ctx)."""
 
     name = "stage"
+    needs_components = True
+    """False for stages that only start their own training runs: assess() then gets parts=None."""
 
     def run(self, ctx: StageContext) -> StageResult:
         started = time.perf_counter()
-        result = self.assess(ctx.build(), ctx)
+        result = self.assess(ctx.build() if self.needs_components else None, ctx)
         result.seconds = time.perf_counter() - started
         return result
 

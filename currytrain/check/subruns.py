@@ -1,0 +1,117 @@
+"""Short training runs that a stage starts in-process (seeds, ablation arms, model sizes).
+
+Each sub-run is a real run folder below the ladder's: `<run>/<stage>/<name>/` with resolved.yaml, a journal
+(header, metrics, finish) and jsonl metrics, so `currytrain compare <run>/<stage>` reads them like any
+runs. It trains with the Trainer inside the parallel session the ladder already holds, and the ladder's own
+journal gets one `subrun` event per sub-run. Checkpoints are deleted afterwards: a sub-run is a measurement.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from currytrain.check.stage import StageContext
+from currytrain.errors import Aborted, RunFailed
+from currytrain.journal import Journal
+from currytrain.weights import RESOLVED
+
+SUB_RUN_DEFAULTS = ("check=none", "trainer.progress=false", "trainer.resume=none", "trainer.checkpoint_every=0")
+"""What every sub-run sets: it trains (no nested ladder), quietly, from scratch."""
+
+
+@dataclass
+class SubRun:
+    name: str
+    path: Path
+    val_loss: float
+    """Final val loss (nats/token); nan when the run diverged."""
+    train_loss: float
+    """Mean train loss over the last tenth of the steps (the capacity and scaling stages fit this)."""
+    num_params: int
+    seconds: float
+    ending: str
+    """finish, or failure/abort with the reason in `message`."""
+    message: str = ""
+
+    @property
+    def finished(self) -> bool:
+        return self.ending == "finish" and math.isfinite(self.val_loss)
+
+
+def derive(cfg: DictConfig, overrides: list[str]) -> DictConfig:
+    """A copy of the resolved `cfg` with dotlist overrides ("optimizer.lr=0.01") and the sub-run defaults.
+
+    The overrides change values of groups already selected; `check=none` and `logger=jsonl` swap whole nodes.
+    """
+    tree = OmegaConf.to_container(cfg, resolve=True)
+    tree["check"] = {"_target_": None}
+    tree["logger"] = {"jsonl": {"_target_": "currytrain.logger.jsonl.JsonlLogger", "filename": "metrics.jsonl"}}
+    derived = OmegaConf.create(tree)
+    for override in [item for item in SUB_RUN_DEFAULTS if not item.startswith("check=")] + list(overrides):
+        key, _, value = override.partition("=")
+        if OmegaConf.select(derived, key.lstrip("+"), default="__missing__") == "__missing__" and not key.startswith("+"):
+            raise ValueError(f"{override}: {key} is not a key of the config (prefix it with + to add one)")
+        OmegaConf.update(derived, key.lstrip("+"), OmegaConf.create({"v": _parse(value)}).v, force_add=True)
+    return derived
+
+
+def _parse(value: str):
+    """An override's value as YAML reads it (numbers, booleans, lists), the way Hydra's command line does."""
+    import yaml
+
+    try:
+        return yaml.safe_load(value) if value else None
+    except yaml.YAMLError:
+        return value
+
+
+def train_subrun(ctx: StageContext, stage: str, name: str, overrides: list[str]) -> SubRun:
+    """Train the ladder's config with `overrides` into <run>/<stage>/<name>/ and return how it went."""
+    from currytrain.trainer.trainer import Trainer
+
+    cfg = derive(ctx.cfg, overrides)
+    path = Path(ctx.run_dir) / stage / name
+    write_record(cfg, path, overrides, ctx.state.is_main, ctx.state.world_size)
+    started = time.perf_counter()
+    journal = Journal(path / "journal.jsonl", enabled=ctx.state.is_main)
+    trainer = None
+    try:
+        trainer = Trainer(cfg, path, ctx.state)
+        val_loss, ending, message = trainer.train(), "finish", ""
+    except (RunFailed, Aborted) as error:  # a diverged arm is a result, not a crash of the ladder
+        val_loss, ending, message = math.nan, "failure" if isinstance(error, RunFailed) else "abort", str(error)
+        journal.event(ending, message=message, error=type(error).__name__)
+    finally:
+        shutil.rmtree(path / "checkpoints", ignore_errors=True)
+    num_params = sum(p.numel() for p in trainer.model.parameters()) if trainer else 0
+    result = SubRun(name, path, val_loss, tail_train_loss(path), num_params, time.perf_counter() - started, ending, message)
+    ctx.journal.event("subrun", stage=stage, name=name, path=str(path), overrides=list(overrides), val_loss=val_loss, seconds=round(result.seconds, 2))
+    return result
+
+
+def write_record(cfg: DictConfig, path: Path, overrides: list[str], enabled: bool, world_size: int = 1) -> None:
+    """resolved.yaml and the journal header, as a launched run has them."""
+    if not enabled:
+        return
+    path.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, path / RESOLVED)
+    diff = {override.partition("=")[0]: override.partition("=")[2] for override in overrides}
+    Journal(path / "journal.jsonl").header(seed=cfg.seed, world_size=world_size, overrides=list(overrides), diff=diff, cwd=Path.cwd())
+
+
+def tail_train_loss(path: Path, share: float = 0.1) -> float:
+    """Mean train loss over the last `share` of the journaled steps (nan without any)."""
+    from currytrain.journal import read_journal
+
+    journal = path / "journal.jsonl"
+    if not journal.is_file():
+        return math.nan
+    losses = [r["train/loss"] for r in read_journal(journal) if r.get("type") == "metrics" and "train/loss" in r]
+    tail = losses[-max(1, int(len(losses) * share)) :]
+    return sum(tail) / len(tail) if tail else math.nan
