@@ -135,7 +135,7 @@ class LRRangeConfig:
         problems += positive(node, path, "min_lr", 1e-5) + positive(node, path, "min_loss_divisor", 10.0) + positive(node, path, "diverge_factor", 4.0)
         problems += one_of(node, path, "rule", ("min_loss", "steepest"))
         if node.min_lr > 0 and not node.max_lr > node.min_lr:
-            problems.append(f"{path}.max_lr={node.max_lr} must be above {path}.min_lr={node.min_lr}: pass {path}.max_lr=1.0")
+            problems.append(f"{path}.max_lr={node.max_lr} must be above {path}.min_lr={node.min_lr}: pass {path}.max_lr=10.0")
         if not 0 <= node.smoothing < 1:
             problems.append(f"{path}.smoothing={node.smoothing} must be in [0, 1): pass {path}.smoothing=0.9")
         if node.steps < 3:

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from currytrain.build import build
 from currytrain.check import figures
 from currytrain.check.probes import get_batch
-from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
+from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status, probe
 from currytrain.components import Components
 from currytrain.model import build_model
 from currytrain.model.layers import RMSNorm
@@ -176,10 +176,16 @@ class MupCheck(Stage):
     def assess(self, parts: Components, ctx: StageContext) -> StageResult:
         result = StageResult(self.name)
         batch = get_batch(parts, self.batch_size)
-        per_width = [measure(ctx.cfg, width, batch, self.steps, self.lr) for width in self.widths]
-        self.table = {name: [scales.get(name, math.nan) for scales in per_width] for name in per_width[0]}
         mup = bool(ctx.cfg.model.get("mup", False))
-        result.findings.append(coordinate_finding(self.widths, self.table, self.tolerance, mup, self.standard_fails))
+
+        def check() -> Finding:
+            per_width = [measure(ctx.cfg, width, batch, self.steps, self.lr) for width in self.widths]
+            self.table = {name: [scales.get(name, math.nan) for scales in per_width] for name in per_width[0]}
+            return coordinate_finding(self.widths, self.table, self.tolerance, mup, self.standard_fails)
+
+        result.findings.append(probe("coordinate check", check))
+        if not self.table:
+            return result
         if ctx.state.is_main:
             run_dir = Path(ctx.run_dir)
             title = f"coordinate check (model.mup={str(mup).lower()}, {self.steps} steps)"

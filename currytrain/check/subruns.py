@@ -17,12 +17,12 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from currytrain.check.stage import StageContext
-from currytrain.errors import Aborted, RunFailed
+from currytrain.errors import Aborted, ConfigError, RunFailed
 from currytrain.journal import Journal
 from currytrain.weights import RESOLVED
 
-SUB_RUN_DEFAULTS = ("check=none", "trainer.progress=false", "trainer.resume=none", "trainer.checkpoint_every=0")
-"""What every sub-run sets: it trains (no nested ladder), quietly, from scratch."""
+SUB_RUN_DEFAULTS = ("trainer.progress=false", "trainer.resume=none", "trainer.checkpoint_every=0")
+"""What every sub-run sets besides check=none (no nested ladder) and logger=jsonl: it trains quietly, from scratch."""
 
 
 @dataclass
@@ -45,30 +45,24 @@ class SubRun:
 
 
 def derive(cfg: DictConfig, overrides: list[str]) -> DictConfig:
-    """A copy of the resolved `cfg` with dotlist overrides ("optimizer.lr=0.01") and the sub-run defaults.
+    """A copy of the resolved `cfg` with overrides ("optimizer.lr=1e-5", "+x.y=1") read by Hydra's own override
+    grammar, after the sub-run defaults. They set values; they cannot select another option of a group
+    (model=moe), which needs a composition: the stage's runs are variations of the composed run."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    The overrides change values of groups already selected; `check=none` and `logger=jsonl` swap whole nodes.
-    """
     tree = OmegaConf.to_container(cfg, resolve=True)
     tree["check"] = {"_target_": None}
     tree["logger"] = {"jsonl": {"_target_": "currytrain.logger.jsonl.JsonlLogger", "filename": "metrics.jsonl"}}
     derived = OmegaConf.create(tree)
-    for override in [item for item in SUB_RUN_DEFAULTS if not item.startswith("check=")] + list(overrides):
-        key, _, value = override.partition("=")
-        if OmegaConf.select(derived, key.lstrip("+"), default="__missing__") == "__missing__" and not key.startswith("+"):
-            raise ValueError(f"{override}: {key} is not a key of the config (prefix it with + to add one)")
-        OmegaConf.update(derived, key.lstrip("+"), OmegaConf.create({"v": _parse(value)}).v, force_add=True)
+    for override in OverridesParser.create().parse_overrides([*SUB_RUN_DEFAULTS, *overrides]):
+        key = override.key_or_group
+        if not override.is_add() and OmegaConf.select(derived, key, default=_MISSING) is _MISSING:
+            raise ConfigError(f"{override.input_line}: {key} is not a key of the config; prefix it with + to add one")
+        OmegaConf.update(derived, key, override.value(), force_add=True)
     return derived
 
 
-def _parse(value: str):
-    """An override's value as YAML reads it (numbers, booleans, lists), the way Hydra's command line does."""
-    import yaml
-
-    try:
-        return yaml.safe_load(value) if value else None
-    except yaml.YAMLError:
-        return value
+_MISSING = object()
 
 
 def train_subrun(ctx: StageContext, stage: str, name: str, overrides: list[str]) -> SubRun:

@@ -1,0 +1,218 @@
+"""The validation ladder, part 2: the pre-validation stages (lr_range, mup, seeds, ablation, scaling) on
+TINY models, each asserted on what it measured, wrote and decided; the fit on data from a known law."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+import pytest
+import torch
+
+from currytrain.check.ablation import Ablation
+from currytrain.check.lr_range import LRRange
+from currytrain.check.mup import MupCheck
+from currytrain.check.probes import loss_of
+from currytrain.check.scaling import Scaling, fit_power_law
+from currytrain.check.seeds import Seeds
+from currytrain.check.stage import StageContext, Status
+from currytrain.journal import Journal, read_journal
+from currytrain.parallel.state import ParallelState
+from currytrain.report.compare import compare
+from currytrain.trainer.step import StepResult
+from currytrain.validate import validate
+
+SMALL_DATA = "data.max_bytes=300000"
+RUNS = ("logger=[jsonl]", "trainer.eval_batches=1")
+
+
+@pytest.fixture
+def context(compose_cfg, tmp_path, one_thread):
+    """context(*overrides) -> a StageContext over the TINY config, its run folder a fresh tmp folder."""
+    count = iter(range(100))
+
+    def _context(*overrides: str) -> StageContext:
+        run_dir = tmp_path / f"run{next(count)}"
+        cfg = compose_cfg(SMALL_DATA, *RUNS, *overrides)
+        return StageContext(cfg, ParallelState(), run_dir, Journal(run_dir / "journal.jsonl"))
+
+    return _context
+
+
+def _only(result):
+    (finding,) = result.findings[:1]
+    return finding
+
+
+# ------------------------------------------------------------------------------------------------ lr_range
+
+
+def step_that_never_updates(parts, batch) -> StepResult:
+    """A broken training step: it measures the loss and forgets the optimizer."""
+    loss = float(loss_of(parts, batch).detach())
+    return StepResult(loss, 0.0, False, batch[1].numel())
+
+
+def test_lr_range_sweeps_up_to_divergence_suggests_an_lr_and_restores_the_weights(context):
+    ctx = context()
+    parts = ctx.build()
+    before = {name: value.clone() for name, value in parts.model.state_dict().items()}
+    stage = LRRange(min_lr=1e-4, max_lr=1e3, steps=40, batch_size=4)
+    result = stage.assess(parts, ctx)
+    sweep = stage.sweep
+    assert sweep.diverged_at is not None and sweep.diverged_at > sweep.lrs[sweep.best()], "an lr of 1e3 must blow the loss up"
+    assert sweep.lrs == sorted(sweep.lrs) and sweep.lrs[1] / sweep.lrs[0] == pytest.approx((1e3 / 1e-4) ** (1 / 39))
+    assert sweep.smoothed[sweep.best()] < sweep.smoothed[0] - 0.1
+    suggested = sweep.lrs[sweep.best()] / 10
+    assert _only(result).status is Status.PASSED and f"suggested lr {suggested:.3g} (min_loss)" in _only(result).observed
+    assert all(torch.equal(before[name], value) for name, value in parts.model.state_dict().items()), "the sweep trains a scratch copy"
+    assert (ctx.run_dir / "lr_range.png").is_file() and f"optimizer.lr={suggested:.3g}" in result.details
+    configured = result.findings[1]
+    assert configured.name == "configured lr" and configured.status is (Status.PASSED if 1 / 3 <= 3e-3 / suggested <= 3 else Status.WARNING)
+
+
+def test_lr_range_that_never_diverges_warns_and_a_model_that_cannot_learn_fails(context):
+    ctx = context()
+    short = LRRange(min_lr=1e-5, max_lr=1e-4, steps=10, batch_size=2).assess(ctx.build(), ctx)
+    finding = _only(short)
+    assert finding.status in (Status.WARNING, Status.FAILED)
+    assert ("raise check.stages.lr_range.max_lr" in finding.fix) or ("does not learn" in finding.cause)
+    stage = LRRange(min_lr=1e-3, max_lr=1.0, steps=6, batch_size=2)
+    stage.step_fn = step_that_never_updates  # the loss cannot fall at any lr
+    stuck = _only(stage.assess(ctx.build(), ctx))
+    assert stuck.status is Status.FAILED and "does not learn" in stuck.cause, stuck
+
+
+# ------------------------------------------------------------------------------------------------------ mup
+
+MUP_WIDTHS = [32, 64, 128]
+
+
+@pytest.mark.parametrize("mup", [True, False])
+def test_mup_coordinate_check_passes_with_mup_and_fails_the_standard_parameterisation(mup, context):
+    ctx = context(f"model.mup={str(mup).lower()}", "model.mup_base_width=32", "model.n_layers=2")
+    stage = MupCheck(widths=MUP_WIDTHS, steps=5, batch_size=8, lr=None)
+    result = stage.run(ctx)
+    finding = _only(result)
+    mlp_activation = stage.table["mlp activation"]
+    if mup:
+        assert finding.status is Status.PASSED, (finding, result.details)
+        assert max(mlp_activation) / min(mlp_activation) < 2
+    else:
+        assert finding.status is Status.FAILED and "standard parameterisation" in finding.cause, finding
+        assert "model.mup=true" in finding.fix
+        assert mlp_activation == sorted(mlp_activation) and mlp_activation[-1] / mlp_activation[0] > 4, "Adam's updates add up over fan-in"
+        relaxed = _only(MupCheck(widths=MUP_WIDTHS, steps=5, batch_size=4, lr=1e-2, standard_fails=False).run(ctx))
+        assert relaxed.status is Status.WARNING
+    assert {"embedding activation", "attention update", "mlp gradient", "logits activation"} <= set(stage.table)
+    assert all(len(values) == len(MUP_WIDTHS) for values in stage.table.values())
+    assert (ctx.run_dir / "mup_coordinates.png").is_file() and "| mlp activation |" in result.details
+
+
+# ----------------------------------------------------------------------------------------- seeds, ablation
+
+
+def test_seeds_are_run_folders_that_compare_reads_and_their_statistics_hold(context):
+    ctx = context()
+    stage = Seeds(seeds=3, max_steps=4)
+    result = stage.run(ctx)
+    finding = _only(result)
+    assert finding.status in (Status.PASSED, Status.WARNING), finding
+    finishes = []
+    for seed in (0, 1, 2):
+        folder = ctx.run_dir / "seeds" / f"seed_{seed}"
+        records = read_journal(folder / "journal.jsonl")
+        assert records[0]["type"] == "header" and records[0]["seed"] == seed
+        (finish,) = [r for r in records if r["type"] == "finish"]
+        finishes.append(finish["val_loss"])
+        assert not (folder / "checkpoints").exists()
+    assert len(set(finishes)) == 3, "three seeds, three different runs"
+    std = statistics.stdev(finishes)
+    assert f"std {std:.4f} over 3 seeds" in finding.observed
+    assert f"smallest detectable difference with 3 seeds: {2.8016 * std * math.sqrt(2 / 3):.4f}" in finding.observed
+    subruns = [e for e in read_journal(ctx.run_dir / "journal.jsonl") if e["type"] == "subrun"]
+    assert [e["name"] for e in subruns] == ["seed_0", "seed_1", "seed_2"]
+    groups, _, report = compare([str(ctx.run_dir / "seeds")], ctx.run_dir / "compare")
+    assert len(groups) == 1 and groups[0].std == pytest.approx(std) and report.is_file()
+
+
+def test_ablation_tells_a_real_fix_from_a_no_op(context):
+    ctx = context()
+    fix = Ablation(idea=["optimizer.lr=0.01"], baseline=["optimizer.lr=1e-5"], seeds=2, max_steps=6)
+    result = fix.run(ctx)
+    finding = _only(result)
+    assert fix.verdict[2] == "real" and fix.verdict[0] < 0, (finding, result.details)
+    assert finding.status is Status.PASSED and "optimizer.lr=0.01: real" in finding.observed and "a full run costs" in finding.observed
+    assert len(list((ctx.run_dir / "ablation").glob("*/journal.jsonl"))) == 4
+    no_op = Ablation(idea=["trainer.log_every=2"], seeds=2, max_steps=6)
+    finding = _only(no_op.run(context()))
+    assert no_op.verdict[2] == "within noise" and no_op.verdict[0] == 0.0
+    assert finding.status is Status.WARNING and "within seed noise" in finding.cause
+    skipped = _only(Ablation().run(context()))
+    assert skipped.status is Status.PASSED and "skipped" in skipped.observed
+
+
+# ------------------------------------------------------------------------------------------------- scaling
+
+
+def test_scaling_fit_recovers_a_known_exponent_with_an_interval_that_covers_it():
+    rng = np.random.default_rng(0)
+    sizes = np.geomspace(1e4, 1e7, 6)
+    alpha, e, a = 0.3, 1.5, 40.0
+    losses = e + a * sizes**-alpha + rng.normal(0, 0.003, len(sizes))
+    fit = fit_power_law(list(sizes), list(losses), bootstrap=300)
+    assert fit.alpha == pytest.approx(alpha, rel=0.05)
+    low, high = fit.alpha_interval()
+    assert low <= alpha <= high
+    truth = e + a * 1e8**-alpha
+    low, high = fit.prediction_interval(1e8)
+    assert low <= truth <= high and high - low < 0.1
+
+
+def test_scaling_stage_fits_sizes_and_judges_the_held_out_one(context):
+    ctx = context()
+    stage = Scaling(widths=[8, 16, 24, 32, 48], max_steps=8, bootstrap=50, target_params=10**6)
+    result = stage.run(ctx)
+    assert [r.name for r in stage.runs] == ["dim_8", "dim_16", "dim_24", "dim_32", "dim_48"]
+    sizes = [r.num_params for r in stage.runs]
+    assert sizes == sorted(sizes)
+    names = [f.name for f in result.findings]
+    assert names == ["scaling fit", "held-out size", "extrapolation"]
+    held = result.findings[1]
+    low, high = stage.fit.prediction_interval(stage.runs[-1].num_params)
+    assert held.status is (Status.PASSED if low <= stage.runs[-1].train_loss <= high else Status.FAILED)
+    assert (ctx.run_dir / "scaling.png").is_file()
+
+
+# ----------------------------------------------------------------------------------------------- configs
+
+
+def test_check_ladder_climbs_every_stage_in_order(compose_cfg):
+    cfg = compose_cfg("check=ladder")
+    assert list(cfg.check.stages) == ["skeleton", "preflight", "sanity", "lr_range", "mup", "seeds", "ablation", "scaling"]
+    assert cfg.check.stages.mup.standard_fails is False and compose_cfg("check=mup").check.stages.mup.standard_fails is True
+
+
+def test_stage_thresholds_are_validated_with_their_key_and_fix(compose_cfg):
+    problems = validate(
+        compose_cfg(
+            "check=ladder",
+            "check.stages.lr_range.rule=fastest",
+            "check.stages.lr_range.max_lr=1e-6",
+            "check.stages.mup.widths=[64]",
+            "check.stages.seeds.seeds=1",
+            "check.stages.scaling.widths=[8,16,32]",
+            "check.stages.ablation.idea=[bigger]",
+        )
+    )
+    expected = (
+        "check.stages.lr_range.rule=fastest is not one of ['min_loss', 'steepest']",
+        "check.stages.lr_range.max_lr=1e-06 must be above check.stages.lr_range.min_lr",
+        "check.stages.mup.widths=[64] needs at least two positive widths",
+        "check.stages.seeds.seeds=1 must be >= 2",
+        "check.stages.scaling.widths=[8, 16, 32] needs 5 distinct widths",
+        "check.stages.ablation.idea/baseline hold ['bigger']",
+    )
+    for start in expected:
+        assert any(p.startswith(start) for p in problems), (start, problems)
