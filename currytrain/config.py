@@ -21,6 +21,7 @@ from omegaconf import MISSING
 from currytrain.abort.config import AbortConfig, NoAbortConfig
 from currytrain.check.config import (
     AblationCheckConfig,
+    CapacityCheckConfig,
     FullLadderConfig,
     LRRangeCheckConfig,
     MupCheckCheckConfig,
@@ -55,6 +56,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
         "mup": MupCheckCheckConfig,
         "seeds": SeedsCheckConfig,
         "ablation": AblationCheckConfig,
+        "capacity": CapacityCheckConfig,
         "scaling": ScalingCheckConfig,
         "ladder": FullLadderConfig,
     },

@@ -5,18 +5,22 @@ from __future__ import annotations
 
 import math
 import statistics
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from currytrain.check.ablation import Ablation
+from currytrain.check.capacity import Capacity, Shape, capacity_finding, saturation
 from currytrain.check.lr_range import LRRange
 from currytrain.check.mup import MupCheck
 from currytrain.check.probes import loss_of
 from currytrain.check.scaling import Scaling, fit_power_law
 from currytrain.check.seeds import Seeds
 from currytrain.check.stage import StageContext, Status
+from currytrain.check.subruns import SubRun
+from currytrain.estimate import count_parameters
 from currytrain.journal import Journal, read_journal
 from currytrain.parallel.state import ParallelState
 from currytrain.report.compare import compare
@@ -185,12 +189,44 @@ def test_scaling_stage_fits_sizes_and_judges_the_held_out_one(context):
     assert (ctx.run_dir / "scaling.png").is_file()
 
 
+# ------------------------------------------------------------------------------------------------ capacity
+
+
+def _runs(losses: list[float]) -> list[SubRun]:
+    return [SubRun(f"m{i}", Path("."), loss, loss, 1000 * 2**i, 1.0, "finish") for i, loss in enumerate(losses)]
+
+
+def test_saturation_is_the_smallest_model_no_larger_one_beats_by_min_gain():
+    assert saturation(_runs([3.0, 2.5, 2.2, 2.19, 2.2]), 0.02) == 2
+    assert saturation(_runs([3.0, 2.5, 2.2, 2.19, 2.1]), 0.02) == 4, "a late drop moves the point"
+    shapes = [Shape(8 * 2**i, 2, 1000 * 2**i, 10) for i in range(5)]
+    still_falling = capacity_finding(shapes, _runs([3.0, 2.5, 2.2, 2.19, 2.1]), 0.02)
+    assert still_falling.status is Status.WARNING and "capacity-bound" in still_falling.cause
+    assert capacity_finding(shapes, _runs([3.0, 2.5, 2.2, 2.19, 2.2]), 0.02).observed.startswith("saturates at dim_32_layers_2")
+
+
+def test_capacity_spends_one_compute_budget_on_every_shape(context):
+    ctx = context()
+    stage = Capacity(widths=[16, 32], depths=[1, 2], budget_steps=4, min_steps=2)
+    result = stage.run(ctx)
+    runs = stage.runs
+    sizes = [run.num_params for run in runs]
+    assert sizes == sorted(sizes) and len(runs) == 4
+    steps = [int(read_journal(run.path / "journal.jsonl")[-1]["step"]) for run in runs]
+    budget = count_parameters(ctx.cfg.model) * 4
+    for size, count in zip(sizes, steps):
+        assert count == max(2, round(budget / size)), "a smaller model trains longer, at the same compute"
+    assert steps[0] > steps[-1]
+    assert _only(result).name == "capacity" and _only(result).status in (Status.PASSED, Status.WARNING)
+    assert (ctx.run_dir / "capacity.png").is_file() and "| dim_16_layers_1 |" in result.details
+
+
 # ----------------------------------------------------------------------------------------------- configs
 
 
 def test_check_ladder_climbs_every_stage_in_order(compose_cfg):
     cfg = compose_cfg("check=ladder")
-    assert list(cfg.check.stages) == ["skeleton", "preflight", "sanity", "lr_range", "mup", "seeds", "ablation", "scaling"]
+    assert list(cfg.check.stages) == ["skeleton", "preflight", "sanity", "lr_range", "mup", "seeds", "ablation", "capacity", "scaling"]
     assert cfg.check.stages.mup.standard_fails is False and compose_cfg("check=mup").check.stages.mup.standard_fails is True
 
 

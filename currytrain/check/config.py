@@ -213,6 +213,30 @@ class AblationConfig:
 
 
 @dataclass
+class CapacityConfig:
+    """Stage capacity: width x depth at the configured model's compute, train loss against parameters."""
+
+    _target_: str = "currytrain.check.capacity.Capacity"
+    widths: list[int] = field(default_factory=lambda: [64, 128, 192])
+    """Values of model.dim (hidden sizes scale alike; each must divide by model.n_heads)."""
+    depths: list[int] = field(default_factory=lambda: [2, 4])
+    """Values of model.n_layers; every (width, depth) pair trains."""
+    budget_steps: int = 50
+    """The compute budget: what the configured model spends in this many steps (others get as many steps as spend the same)."""
+    min_steps: int = 10
+    """Fewest steps any shape trains."""
+    min_gain: float = 0.02
+    """Nats a larger model must gain over the saturation point to move it."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        problems = at_least(node, path, ("budget_steps", "min_steps")) + positive(node, path, "min_gain", 0.02)
+        if len(node.widths) * len(node.depths) < 2 or any(not v >= 1 for v in [*node.widths, *node.depths]):
+            problems.append(f"{path}.widths x {path}.depths must give at least two positive shapes: pass {path}.widths=[64,128,192] {path}.depths=[2,4]")
+        return problems
+
+
+@dataclass
 class ScalingConfig:
     """Stage scaling: runs at several widths, L(N) = E + A N^-alpha with bootstrap CIs, a held-out size."""
 
@@ -295,6 +319,13 @@ class AblationCheckConfig(LadderConfig):
 
 
 @dataclass
+class CapacityCheckConfig(LadderConfig):
+    """check=capacity: the capacity stage alone."""
+
+    stages: dict[str, Any] = field(default_factory=lambda: {"capacity": CapacityConfig()})
+
+
+@dataclass
 class ScalingCheckConfig(LadderConfig):
     """check=scaling: the scaling stage alone."""
 
@@ -315,6 +346,7 @@ class FullLadderConfig(LadderConfig):
             "mup": MupCheckConfig(standard_fails=False),
             "seeds": SeedsConfig(),
             "ablation": AblationConfig(),
+            "capacity": CapacityConfig(),
             "scaling": ScalingConfig(),
         }
     )

@@ -85,6 +85,8 @@ class StageContext:
     run_dir: Path
     journal: Journal
     loggers: MultiLogger = field(default_factory=lambda: MultiLogger([]))
+    datasets: dict[str, Any] = field(default_factory=dict)
+    """Data adapters built for sub-runs, by their data config: runs that differ elsewhere share one."""
 
     def build(self) -> Components:
         """Fresh components, built exactly as a training run builds them."""

@@ -8,6 +8,7 @@ journal gets one `subrun` event per sub-run. Checkpoints are deleted afterwards:
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from currytrain.check.stage import StageContext
+from currytrain.components import build_components
 from currytrain.errors import Aborted, ConfigError, RunFailed
 from currytrain.journal import Journal
 from currytrain.weights import RESOLVED
@@ -76,7 +78,7 @@ def train_subrun(ctx: StageContext, stage: str, name: str, overrides: list[str])
     journal = Journal(path / "journal.jsonl", enabled=ctx.state.is_main)
     trainer = None
     try:
-        trainer = Trainer(cfg, path, ctx.state)
+        trainer = Trainer(cfg, path, ctx.state, components=build_components(cfg, ctx.state, shared_data(ctx, cfg)))
         val_loss, ending, message = trainer.train(), "finish", ""
     except (RunFailed, Aborted) as error:  # a diverged arm is a result, not a crash of the ladder
         val_loss, ending, message = math.nan, "failure" if isinstance(error, RunFailed) else "abort", str(error)
@@ -87,6 +89,16 @@ def train_subrun(ctx: StageContext, stage: str, name: str, overrides: list[str])
     result = SubRun(name, path, val_loss, tail_train_loss(path), num_params, time.perf_counter() - started, ending, message)
     ctx.journal.event("subrun", stage=stage, name=name, path=str(path), overrides=list(overrides), val_loss=val_loss, seconds=round(result.seconds, 2))
     return result
+
+
+def shared_data(ctx: StageContext, cfg: DictConfig):
+    """The data adapter for cfg.data, built once per distinct data config (reading a corpus takes seconds)."""
+    from currytrain.build import build
+
+    key = json.dumps(OmegaConf.to_container(cfg.data, resolve=True), sort_keys=True)
+    if key not in ctx.datasets:
+        ctx.datasets[key] = build(cfg.data)
+    return ctx.datasets[key]
 
 
 def write_record(cfg: DictConfig, path: Path, overrides: list[str], enabled: bool, world_size: int = 1) -> None:
