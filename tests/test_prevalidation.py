@@ -15,13 +15,15 @@ from currytrain.check.ablation import Ablation
 from currytrain.check.capacity import Capacity, Shape, capacity_finding, saturation
 from currytrain.check.lr_range import LRRange
 from currytrain.check.mup import MupCheck
-from currytrain.check.probes import loss_of
+from currytrain.check.probes import loss_of, train_step
+from currytrain.check.sanity import gather_layer_stats, stats_table
 from currytrain.check.scaling import Scaling, fit_power_law
 from currytrain.check.seeds import Seeds
 from currytrain.check.stage import StageContext, Status
 from currytrain.check.subruns import SubRun
 from currytrain.estimate import count_parameters
 from currytrain.journal import Journal, read_journal
+from currytrain.logger.base import MultiLogger
 from currytrain.parallel.state import ParallelState
 from currytrain.report.compare import compare
 from currytrain.trainer.step import StepResult
@@ -187,6 +189,24 @@ def test_scaling_stage_fits_sizes_and_judges_the_held_out_one(context):
     low, high = stage.fit.prediction_interval(stage.runs[-1].num_params)
     assert held.status is (Status.PASSED if low <= stage.runs[-1].train_loss <= high else Status.FAILED)
     assert (ctx.run_dir / "scaling.png").is_file()
+
+
+# ------------------------------------------------------------------------------- sanity's gradient statistics
+
+
+def test_layer_statistics_report_gradient_moments_and_the_update_to_weight_ratio(context):
+    ctx = context("model.n_layers=2")
+    parts = ctx.build()
+    stats = gather_layer_stats(parts, train_step, batch_size=2, steps=2, loggers=MultiLogger([]))
+    assert all(0 < ratio < 0.5 for ratio in stats.update_ratio), stats.update_ratio
+    assert all(std > 0 and peak >= std and norm > 0 for std, peak, norm in zip(stats.grad_std, stats.grad_max, stats.grad_norm))
+    assert all(abs(m) < peak for m, peak in zip(stats.grad_mean, stats.grad_max))
+    for group in parts.optimizer.param_groups:
+        group["initial_lr"] = group["lr"] = 0.0  # scratch() keeps the schedule's lr of step 0; at lr 0 nothing moves
+    frozen = gather_layer_stats(parts, train_step, batch_size=2, steps=1, loggers=MultiLogger([]))
+    assert frozen.update_ratio == [0.0, 0.0] and frozen.grad_norm == pytest.approx(stats.grad_norm, rel=0.5)
+    table = stats_table(["layers.0", "layers.1"], stats)
+    assert "| grad mean | grad std | grad max abs | update/weight |" in table
 
 
 # ------------------------------------------------------------------------------------------------ capacity

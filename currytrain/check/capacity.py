@@ -77,9 +77,7 @@ class Capacity(Stage):
     name = "capacity"
     needs_components = False
 
-    def __init__(
-        self, widths: list[int] = (64, 128, 192), depths: list[int] = (2, 4), budget_steps: int = 50, min_steps: int = 10, min_gain: float = 0.02
-    ):
+    def __init__(self, widths: list[int] = (64, 128, 192), depths: list[int] = (2, 4), budget_steps: int = 50, min_steps: int = 10, min_gain: float = 0.02):
         self.widths, self.depths, self.budget_steps, self.min_steps, self.min_gain = list(widths), list(depths), budget_steps, min_steps, min_gain
         self.runs: list[SubRun] = []
 

@@ -36,8 +36,11 @@ def layer_stats(path: Path, names: list[str], stats: Any) -> Path:
     left.plot(x, stats.activation_std, marker="o", label="std")
     left.plot(x, stats.activation_max, marker="s", label="max |x|")
     left.set_title("block output activations")
-    right.plot(x, stats.grad_norm, marker="o", color="tab:red")
-    right.set_title("block gradient norm")
+    right.plot(x, stats.grad_norm, marker="o", label="grad norm")
+    right.plot(x, stats.grad_max, marker="s", label="grad max |g|")
+    right.plot(x, stats.update_ratio, marker="^", label="update / weight")
+    right.set_title("block gradients and updates")
+    right.legend()
     for ax in (left, right):
         ax.set_xticks(list(x), names, rotation=45, ha="right")
         ax.set_yscale("log")
