@@ -27,12 +27,13 @@ from currytrain.check.config import (
     MupCheckCheckConfig,
     NoCheckConfig,
     PreflightCheckConfig,
+    ProbeCheckConfig,
     SanityCheckConfig,
     ScalingCheckConfig,
     SeedsCheckConfig,
     SkeletonCheckConfig,
 )
-from currytrain.data.config import StdlibBytesConfig, SyntheticConfig, TextConfig, TokensConfig
+from currytrain.data.config import ProbeConfig, StdlibBytesConfig, SyntheticConfig, TextConfig, TokensConfig
 from currytrain.logger.config import JsonlConfig, MLflowConfig, TensorBoardConfig, WandbConfig
 from currytrain.model.config import GQAConfig, MoEConfig, SpikingConfig
 from currytrain.optim.config import AdamWConfig, SGDConfig
@@ -43,7 +44,7 @@ from currytrain.trainer.config import TrainerConfig
 # group -> option name -> schema. The YAML option <group>/<name>.yaml extends /schema/<group>/<name>.
 SCHEMAS: dict[str, dict[str, type]] = {
     "model": {"gqa": GQAConfig, "moe": MoEConfig, "spiking": SpikingConfig},
-    "data": {"bytes": StdlibBytesConfig, "text": TextConfig, "synthetic": SyntheticConfig, "tokens": TokensConfig},
+    "data": {"bytes": StdlibBytesConfig, "text": TextConfig, "synthetic": SyntheticConfig, "tokens": TokensConfig, "probe": ProbeConfig},
     "parallel": {name: ParallelConfig for name in ("single", "ddp", "zero1", "zero2", "fsdp", "hsdp")},
     "optimizer": {"adamw": AdamWConfig, "sgd": SGDConfig},
     "logger": {"tensorboard": TensorBoardConfig, "jsonl": JsonlConfig, "mlflow": MLflowConfig, "wandb": WandbConfig},
@@ -57,6 +58,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
         "seeds": SeedsCheckConfig,
         "ablation": AblationCheckConfig,
         "capacity": CapacityCheckConfig,
+        "probe": ProbeCheckConfig,
         "scaling": ScalingCheckConfig,
         "ladder": FullLadderConfig,
     },

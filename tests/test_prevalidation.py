@@ -15,12 +15,14 @@ from currytrain.check.ablation import Ablation
 from currytrain.check.capacity import Capacity, Shape, capacity_finding, saturation
 from currytrain.check.lr_range import LRRange
 from currytrain.check.mup import MupCheck
+from currytrain.check.probe_tasks import Probe
 from currytrain.check.probes import loss_of, train_step
 from currytrain.check.sanity import gather_layer_stats, stats_table
 from currytrain.check.scaling import Scaling, fit_power_law
 from currytrain.check.seeds import Seeds
 from currytrain.check.stage import StageContext, Status
 from currytrain.check.subruns import SubRun
+from currytrain.data.probe import FIRST_SYMBOL, IGNORE, NOISE, QUERY, SEP, TASKS, ProbeTasks
 from currytrain.estimate import count_parameters
 from currytrain.journal import Journal, read_journal
 from currytrain.logger.base import MultiLogger
@@ -239,6 +241,60 @@ def test_capacity_spends_one_compute_budget_on_every_shape(context):
     assert steps[0] > steps[-1]
     assert _only(result).name == "capacity" and _only(result).status in (Status.PASSED, Status.WARNING)
     assert (ctx.run_dir / "capacity.png").is_file() and "| dim_16_layers_1 |" in result.details
+
+
+# --------------------------------------------------------------------------------------------- probe tasks
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_probe_batches_are_deterministic_and_their_answers_follow_from_the_sequence(task):
+    data = ProbeTasks(task, seq_len=32, num_symbols=8, seed=0)
+    inputs, targets = data.batch("train", 3, 0, 4)
+    again, _ = data.batch("train", 3, 0, 4)
+    val, _ = data.batch("val", 3, 0, 4)
+    assert inputs.shape == targets.shape == (4, 32) and torch.equal(inputs, again) and not torch.equal(inputs, val)
+    for row, target in zip(inputs.tolist(), targets.tolist()):
+        answers = [(t, y) for t, y in enumerate(target) if y != IGNORE]
+        assert answers, "every sequence has something to answer"
+        t, y = answers[-1]
+        seq = row + [y]
+        if task == "copy":
+            half = (len(seq) - 1) // 2
+            assert seq[-half:] == seq[-2 * half - 1 : -half - 1]
+        elif task == "recall":
+            pairs = dict(zip(seq[-3 - 2 * ((len(seq) - 3) // 2) : -3 : 2], seq[-2 - 2 * ((len(seq) - 3) // 2) : -3 : 2]))
+            assert row[-2] == QUERY and pairs.get(row[-1], y) == y
+        elif task == "induction":
+            first = row.index(row[-1])
+            assert first < t and row[first + 1] == y, "after A comes what followed A before"
+        elif task == "parity":
+            assert row[-1] == SEP and y == FIRST_SYMBOL + sum(v - FIRST_SYMBOL for v in row[:-1] if v >= FIRST_SYMBOL) % 2
+        else:
+            marked = [v for v in row[: row.index(SEP)] if v != NOISE]
+            assert [y for _, y in answers] == marked
+
+
+def _attention_removed(monkeypatch):
+    """A test fixture model: every attention layer outputs zeros, so no position can read another."""
+    from currytrain.model.layers import Attention
+
+    monkeypatch.setattr(Attention, "forward", lambda self, x, cos, sin: torch.zeros_like(x))
+
+
+@pytest.mark.parametrize("attention", [True, False])
+def test_probe_copy_is_solved_with_attention_and_near_chance_without(attention, context, monkeypatch):
+    if not attention:
+        _attention_removed(monkeypatch)
+    ctx = context("trainer.batch_size=16", "optimizer.lr=1e-2", "trainer.log_every=10")
+    stage = Probe(tasks=["copy"], max_steps=60, num_symbols=8, eval_batches=2)
+    finding = _only(stage.run(ctx))
+    score = stage.runs["copy"].measured["accuracy"]
+    if attention:
+        assert score > 0.5, finding  # measured 100% at 150 steps; above half at 60
+    else:
+        assert score < 1 / 8 + 0.1 and finding.status is Status.FAILED and "near chance" in finding.cause, finding
+    (event,) = [e for e in read_journal(ctx.run_dir / "journal.jsonl") if e["type"] == "subrun"]
+    assert event["accuracy"] == score and (ctx.run_dir / "probe" / "copy" / "resolved.yaml").is_file()
 
 
 # ----------------------------------------------------------------------------------------------- configs

@@ -259,6 +259,35 @@ class ScalingConfig:
 
 
 @dataclass
+class ProbeStageConfig:
+    """Stage probe: the configured model trained on synthetic mechanism tasks (data=probe), accuracy vs chance."""
+
+    _target_: str = "currytrain.check.probe_tasks.Probe"
+    tasks: list[str] = field(default_factory=lambda: ["copy", "induction"])
+    """Tasks of data=probe to train on, one run each: copy, recall, induction, parity, selective_copy."""
+    max_steps: int = 300
+    """Steps of each task's run."""
+    num_symbols: int = 16
+    """Alphabet of the tasks' content."""
+    eval_batches: int = 8
+    """Val batches (of trainer.batch_size sequences) the accuracy is measured on."""
+    min_accuracy: float = 0.9
+    """Share of answer tokens right needed on every task (the gate)."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        from currytrain.data.probe import TASKS
+
+        problems = at_least(node, path, ("max_steps", "eval_batches")) + at_least(node, path, ("num_symbols",), minimum=2)
+        unknown = [task for task in node.tasks if task not in TASKS]
+        if unknown or not node.tasks:
+            problems.append(f"{path}.tasks={list(node.tasks)} must be a non-empty subset of {list(TASKS)}: pass {path}.tasks=[copy,induction]")
+        if not 0 < node.min_accuracy <= 1:
+            problems.append(f"{path}.min_accuracy={node.min_accuracy} must be in (0, 1]: pass {path}.min_accuracy=0.9")
+        return problems
+
+
+@dataclass
 class LadderConfig:
     """The stages to climb, in order; the first failed gate stops the ladder (exit code 3)."""
 
@@ -323,6 +352,13 @@ class CapacityCheckConfig(LadderConfig):
     """check=capacity: the capacity stage alone."""
 
     stages: dict[str, Any] = field(default_factory=lambda: {"capacity": CapacityConfig()})
+
+
+@dataclass
+class ProbeCheckConfig(LadderConfig):
+    """check=probe: the probe stage alone (not part of check=ladder: it trains one run per task)."""
+
+    stages: dict[str, Any] = field(default_factory=lambda: {"probe": ProbeStageConfig()})
 
 
 @dataclass

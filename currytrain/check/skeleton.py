@@ -54,11 +54,15 @@ def _short_path(source: str) -> str:
     return source
 
 
+IGNORE_INDEX = -100
+"""The target the cross-entropy ignores."""
+
+
 def batch_finding(parts: Components, batch: tuple[torch.Tensor, torch.Tensor], batch_size: int) -> Finding:
     inputs, targets_ = batch
     vocab, classes = parts.cfg.model.vocab_size, num_classes(parts)
     input_shape, target_shape = expected_shapes(parts, batch_size)
-    expected = f"inputs {input_shape} int64 with ids in [0, {vocab}), targets {target_shape} int64 in [0, {classes})"
+    expected = f"inputs {input_shape} int64 with ids in [0, {vocab}), targets {target_shape} int64 in [0, {classes}) or {IGNORE_INDEX} (ignored)"
     observed = (
         f"inputs {tuple(inputs.shape)} {inputs.dtype} in [{int(inputs.min())}, {int(inputs.max())}], "
         f"targets {tuple(targets_.shape)} {targets_.dtype} in [{int(targets_.min())}, {int(targets_.max())}]"
@@ -82,8 +86,9 @@ def batch_finding(parts: Components, batch: tuple[torch.Tensor, torch.Tensor], b
             "token ids outside the model's vocabulary",
             f"pass model.vocab_size={int(inputs.max()) + 1} (or larger)",
         )
-    if int(targets_.max()) >= classes or int(targets_.min()) < 0:
-        fix = f"pass model.vocab_size={int(targets_.max()) + 1} (or larger)" if classes == vocab else "check the adapter's labels and num_classes"
+    scored = targets_[targets_ != IGNORE_INDEX]  # positions the loss ignores (probe tasks score answers only)
+    if scored.numel() and (int(scored.max()) >= classes or int(scored.min()) < 0):
+        fix = f"pass model.vocab_size={int(scored.max()) + 1} (or larger)" if classes == vocab else "check the adapter's labels and num_classes"
         return Finding("batch shapes", Status.FAILED, observed, expected, f"targets outside the {classes} classes the model predicts", fix)
     return Finding("batch shapes", Status.PASSED, observed, expected)
 

@@ -12,8 +12,10 @@ import json
 import math
 import shutil
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -40,21 +42,25 @@ class SubRun:
     ending: str
     """finish, or failure/abort with the reason in `message`."""
     message: str = ""
+    measured: dict = field(default_factory=dict)
+    """What the caller's `measure(trainer)` returned after training (probe accuracy, ...)."""
 
     @property
     def finished(self) -> bool:
         return self.ending == "finish" and math.isfinite(self.val_loss)
 
 
-def derive(cfg: DictConfig, overrides: list[str]) -> DictConfig:
+def derive(cfg: DictConfig, overrides: list[str], replace: dict[str, Any] | None = None) -> DictConfig:
     """A copy of the resolved `cfg` with overrides ("optimizer.lr=1e-5", "+x.y=1") read by Hydra's own override
     grammar, after the sub-run defaults. They set values; they cannot select another option of a group
-    (model=moe), which needs a composition: the stage's runs are variations of the composed run."""
+    (model=moe), which needs a composition: the stage's runs are variations of the composed run. `replace`
+    swaps whole nodes ({"data": {...}}) before the overrides apply."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     tree = OmegaConf.to_container(cfg, resolve=True)
     tree["check"] = {"_target_": None}
     tree["logger"] = {"jsonl": {"_target_": "currytrain.logger.jsonl.JsonlLogger", "filename": "metrics.jsonl"}}
+    tree.update(replace or {})
     derived = OmegaConf.create(tree)
     for override in OverridesParser.create().parse_overrides([*SUB_RUN_DEFAULTS, *overrides]):
         key = override.key_or_group
@@ -67,11 +73,19 @@ def derive(cfg: DictConfig, overrides: list[str]) -> DictConfig:
 _MISSING = object()
 
 
-def train_subrun(ctx: StageContext, stage: str, name: str, overrides: list[str]) -> SubRun:
-    """Train the ladder's config with `overrides` into <run>/<stage>/<name>/ and return how it went."""
+def train_subrun(
+    ctx: StageContext,
+    stage: str,
+    name: str,
+    overrides: list[str],
+    replace: dict[str, Any] | None = None,
+    measure: Callable[[Any], dict] | None = None,
+) -> SubRun:
+    """Train the ladder's config with `overrides` (and `replace`d nodes) into <run>/<stage>/<name>/ and
+    return how it went; `measure(trainer)` runs on the trained model when the run finished."""
     from currytrain.trainer.trainer import Trainer
 
-    cfg = derive(ctx.cfg, overrides)
+    cfg = derive(ctx.cfg, overrides, replace)
     path = Path(ctx.run_dir) / stage / name
     write_record(cfg, path, overrides, ctx.state.is_main, ctx.state.world_size)
     started = time.perf_counter()
@@ -80,14 +94,17 @@ def train_subrun(ctx: StageContext, stage: str, name: str, overrides: list[str])
     try:
         trainer = Trainer(cfg, path, ctx.state, components=build_components(cfg, ctx.state, shared_data(ctx, cfg)))
         val_loss, ending, message = trainer.train(), "finish", ""
+        measured = measure(trainer) if measure else {}
     except (RunFailed, Aborted) as error:  # a diverged arm is a result, not a crash of the ladder
-        val_loss, ending, message = math.nan, "failure" if isinstance(error, RunFailed) else "abort", str(error)
+        val_loss, ending, message, measured = math.nan, "failure" if isinstance(error, RunFailed) else "abort", str(error), {}
         journal.event(ending, message=message, error=type(error).__name__)
     finally:
         shutil.rmtree(path / "checkpoints", ignore_errors=True)
     num_params = sum(p.numel() for p in trainer.model.parameters()) if trainer else 0
-    result = SubRun(name, path, val_loss, tail_train_loss(path), num_params, time.perf_counter() - started, ending, message)
-    ctx.journal.event("subrun", stage=stage, name=name, path=str(path), overrides=list(overrides), val_loss=val_loss, seconds=round(result.seconds, 2))
+    result = SubRun(name, path, val_loss, tail_train_loss(path), num_params, time.perf_counter() - started, ending, message, measured)
+    ctx.journal.event(
+        "subrun", stage=stage, name=name, path=str(path), overrides=list(overrides), val_loss=val_loss, seconds=round(result.seconds, 2), **measured
+    )
     return result
 
 
