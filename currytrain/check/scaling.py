@@ -47,8 +47,10 @@ class PowerLawFit:
 
     def prediction_interval(self, n: float, level: float = 0.95) -> tuple[float, float]:
         """Where one run at size n should land: the fit's bootstrap spread plus one run's noise."""
+        from scipy import stats
+
         predictions = np.array([float(power_law(np.asarray(n, float), e, log_a, alpha)) for e, log_a, alpha in self.boot])
-        z = 1.959964 if level == 0.95 else float(__import__("scipy").stats.norm.ppf((1 + level) / 2))
+        z = float(stats.norm.ppf((1 + level) / 2))
         spread = math.sqrt(float(np.var(predictions)) + self.residual_std**2)
         center = self.predict(n)
         return center - z * spread, center + z * spread
