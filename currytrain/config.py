@@ -33,6 +33,7 @@ from currytrain.check.config import (
     SeedsCheckConfig,
     SkeletonCheckConfig,
 )
+from currytrain.cost.config import CostConfig
 from currytrain.data.config import ProbeConfig, StdlibBytesConfig, SyntheticConfig, TextConfig, TokensConfig
 from currytrain.logger.config import JsonlConfig, MLflowConfig, TensorBoardConfig, WandbConfig
 from currytrain.model.config import GQAConfig, MoEConfig, SpikingConfig
@@ -64,6 +65,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
     },
     "sweep": {"none": NoSweepConfig, **{name: OptunaSweepConfig for name in SWEEP_PRESETS}},
     "abort": {"none": NoAbortConfig, "default": AbortConfig, "strict": AbortConfig},
+    "cost": {"h100": CostConfig, "a100": CostConfig, "cpu": CostConfig},
 }
 
 
@@ -85,6 +87,7 @@ class RootConfig:
     check: Any = MISSING
     sweep: Any = MISSING
     abort: Any = MISSING
+    cost: Any = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     build: BuildConfig = field(default_factory=BuildConfig)
     seed: int = 0
