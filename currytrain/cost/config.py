@@ -14,6 +14,8 @@ DEVICES = ("cpu", "cuda")
 class CostConfig:
     """An accelerator to price a run on. The prices are list prices to edit for your provider."""
 
+    _target_: str | None = None
+    """Nothing is built from it: `currytrain estimate` reads its fields."""
     name: str = "H100 SXM"
     """What the report calls it."""
     device: str = "cuda"
