@@ -152,6 +152,7 @@ def test_ablation_tells_a_real_fix_from_a_no_op(context):
     finding = _only(result)
     assert fix.verdict[2] == "real" and fix.verdict[0] < 0, (finding, result.details)
     assert finding.status is Status.PASSED and "optimizer.lr=0.01: real" in finding.observed and "a full run costs" in finding.observed
+    assert "on H100 SXM: " in finding.observed and "device-hours, $" in finding.observed
     assert len(list((ctx.run_dir / "ablation").glob("*/journal.jsonl"))) == 4
     no_op = Ablation(idea=["trainer.log_every=2"], seeds=2, max_steps=6)
     finding = _only(no_op.run(context()))

@@ -4,7 +4,8 @@ The idea is a list of overrides of the configured run (`check.stages.ablation.id
 Both arms train the same seeds at a small budget; the verdict compares the mean final val losses with a
 Welch 95% interval (the one `currytrain compare` uses): "real" when the interval excludes 0, "within
 noise" when it holds it. Next to the expected gain stands the cost of one full run of the configured
-trainer.max_steps, from the step time measured in the arms' own runs on this machine.
+trainer.max_steps: its wall time here, from the step time the arms measured, and its device-hours and
+money on cfg.cost (`currytrain estimate`).
 Gate: an idea that is really worse fails; within noise warns; really better passes.
 """
 
@@ -88,11 +89,20 @@ class Ablation(Stage):
         steps = self.max_steps or int(ctx.cfg.trainer.max_steps)
         full = full_run_seconds(base + arm, steps, int(ctx.cfg.trainer.max_steps))
         finding = ablation_finding(self.idea, base, arm, full)
+        finding.observed += f"; on {ctx.cfg.cost.name}: {_priced(ctx)}" if "cost" in ctx.cfg else ""
         if all(run.finished for run in base + arm):
             self.verdict = verdict([r.val_loss for r in base], [r.val_loss for r in arm])
         result.findings.append(finding)
         result.details = arms_table(base, arm) + f"\n\nThe arms are run folders: `currytrain compare {ctx.run_dir}/{self.name}`."
         return result
+
+
+def _priced(ctx: StageContext) -> str:
+    """The full run's time and money on cfg.cost (currytrain estimate), next to the expected gain."""
+    from currytrain.cost.estimate import estimate_cost
+
+    estimate = estimate_cost(ctx.cfg, measure_steps=3)
+    return f"{estimate.device_hours:,.2f} device-hours, ${estimate.money:,.2f} ({estimate.method})"
 
 
 def arms_table(base: list[SubRun], arm: list[SubRun]) -> str:
