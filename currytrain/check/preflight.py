@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from currytrain.check.probes import StepFn, chance_loss, eval_loss, eval_mode, get_batch, loss_of, peak_lr, scratch, train_step
+from currytrain.check.probes import StepFn, chance_loss, eval_loss, eval_mode, get_batch, loss_of, next_token_task, peak_lr, scratch, train_step
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status, fmt, probe
 from currytrain.components import Components
 from currytrain.trainer.step import Batch
@@ -303,8 +303,11 @@ def label_leakage(parts: Components, step: StepFn, batch_size: int, steps: int, 
 
 @torch.no_grad()
 def causality(parts: Components, batch: Batch, tolerance: float) -> Finding:
-    """Logits at positions <= t must not change when the tokens after t change."""
+    """Logits at positions <= t must not change when the tokens after t change (next-token tasks only)."""
     inputs = batch[0]
+    if not next_token_task(batch):  # one label per sequence: the model may read the whole sequence
+        shapes = f"targets {tuple(batch[1].shape)} for inputs {tuple(inputs.shape)}"
+        return Finding("causality", Status.PASSED, f"not a next-token task ({shapes}): nothing to check", "causal logits for next-token targets")
     cut = inputs.shape[1] // 2
     changed = inputs.clone()
     changed[:, cut + 1 :] = (inputs[:, cut + 1 :] + 1 + torch.arange(inputs.shape[1] - cut - 1, device=inputs.device)) % int(parts.cfg.model.vocab_size)

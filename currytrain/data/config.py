@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from currytrain.rules import at_least
+from currytrain.rules import at_least, one_of
 
 BYTE_VOCAB = 256
 """Vocabulary of the byte-level corpora: token id = byte value."""
@@ -134,3 +134,25 @@ class TokensConfig:
             problems.append(f"{path}.documents={node.documents} is not one of ['file', 'paragraph']: pass {path}.documents=file")
         _, problem = find_tokenizer(node.tokenizer)
         return problems + ([problem] if problem else []) + find_text_files(node.paths, node.suffixes)[1]
+
+
+@dataclass
+class ProbeConfig:
+    """Synthetic probe tasks that need one mechanism each (copy, recall, induction, parity, selective_copy)."""
+
+    _target_: str = "currytrain.data.probe.ProbeTasks"
+    task: str = "induction"
+    """copy, recall (associative), induction, parity or selective_copy (currytrain/data/probe.py shows each layout)."""
+    seq_len: int = "${model.max_seq_len}"  # type: ignore[assignment]
+    """Tokens per sequence (shorter task layouts are left-padded with the noise token)."""
+    num_symbols: int = 16
+    """Alphabet of the task's content (token ids 3 .. 3 + num_symbols - 1; 0-2 are separator, query, noise)."""
+    seed: int = "${seed}"  # type: ignore[assignment]
+    """Seed of every generated sequence."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        from currytrain.data.probe import TASKS
+
+        problems = one_of(node, path, "task", TASKS, "induction") + at_least(node, path, ("num_symbols",), minimum=2)
+        return problems + at_least(node, path, ("seq_len",), minimum=8)
