@@ -20,9 +20,9 @@ from omegaconf import MISSING
 
 from currytrain.abort.config import AbortConfig, NoAbortConfig
 from currytrain.check.config import FullLadderConfig, NoCheckConfig, PreflightCheckConfig, SanityCheckConfig, SkeletonCheckConfig
-from currytrain.data.config import StdlibBytesConfig, SyntheticConfig, TextConfig, TokensConfig
+from currytrain.data.config import DigitsConfig, StdlibBytesConfig, SyntheticConfig, TableConfig, TextConfig, TokensConfig
 from currytrain.logger.config import JsonlConfig, MLflowConfig, TensorBoardConfig, WandbConfig
-from currytrain.model.config import GQAConfig, MoEConfig, SpikingConfig
+from currytrain.model.config import GQAConfig, MLPConfig, MoEConfig, SpikingConfig
 from currytrain.optim.config import AdamWConfig, SGDConfig
 from currytrain.parallel.config import ParallelConfig
 from currytrain.sweep.config import SWEEP_PRESETS, NoSweepConfig, OptunaSweepConfig
@@ -30,8 +30,15 @@ from currytrain.trainer.config import TrainerConfig
 
 # group -> option name -> schema. The YAML option <group>/<name>.yaml extends /schema/<group>/<name>.
 SCHEMAS: dict[str, dict[str, type]] = {
-    "model": {"gqa": GQAConfig, "moe": MoEConfig, "spiking": SpikingConfig},
-    "data": {"bytes": StdlibBytesConfig, "text": TextConfig, "synthetic": SyntheticConfig, "tokens": TokensConfig},
+    "model": {"gqa": GQAConfig, "moe": MoEConfig, "spiking": SpikingConfig, "mlp": MLPConfig},
+    "data": {
+        "bytes": StdlibBytesConfig,
+        "text": TextConfig,
+        "synthetic": SyntheticConfig,
+        "tokens": TokensConfig,
+        "digits": DigitsConfig,
+        "table": TableConfig,
+    },
     "parallel": {name: ParallelConfig for name in ("single", "ddp", "zero1", "zero2", "fsdp", "hsdp")},
     "optimizer": {"adamw": AdamWConfig, "sgd": SGDConfig},
     "logger": {"tensorboard": TensorBoardConfig, "jsonl": JsonlConfig, "mlflow": MLflowConfig, "wandb": WandbConfig},

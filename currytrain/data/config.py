@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from currytrain.rules import at_least
+from currytrain.rules import at_least, one_of
 
 BYTE_VOCAB = 256
 """Vocabulary of the byte-level corpora: token id = byte value."""
@@ -134,3 +134,75 @@ class TokensConfig:
             problems.append(f"{path}.documents={node.documents} is not one of ['file', 'paragraph']: pass {path}.documents=file")
         _, problem = find_tokenizer(node.tokenizer)
         return problems + ([problem] if problem else []) + find_text_files(node.paths, node.suffixes)[1]
+
+
+@dataclass
+class TabularConfig:
+    """Fields of every table of features and class labels (the leakage-safe pipeline, docs/data.md)."""
+
+    _target_: str = "???"
+    val_fraction: float = 0.2
+    """Share of the rows (of the groups with split=grouped, of the distinct timestamps with split=temporal)
+    held out for validation, chosen before any preprocessing."""
+    test_fraction: float = 0.0
+    """Share held out for a test split the training never reads; 0 keeps none."""
+    normalize: bool = True
+    """Standardise each feature (scikit-learn's StandardScaler) with statistics of the train rows only."""
+    seed: int = "${seed}"  # type: ignore[assignment]
+    """Seed of the split and of batch sampling."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        problems = []
+        if not 0 < node.val_fraction < 1:
+            problems.append(f"{path}.val_fraction={node.val_fraction} must be in (0, 1): pass {path}.val_fraction=0.2")
+        if not 0 <= node.test_fraction < 1 or not node.val_fraction + node.test_fraction < 1:
+            problems.append(f"{path}.test_fraction={node.test_fraction} must be in [0, 1) and leave rows for train: pass {path}.test_fraction=0")
+        return problems
+
+
+@dataclass
+class DigitsConfig(TabularConfig):
+    """scikit-learn's bundled handwritten digits: 1797 rows of 64 pixel features, 10 classes (no download)."""
+
+    _target_: str = "currytrain.data.tabular.Digits"
+
+
+SPLIT_KINDS = ("random", "grouped", "temporal")
+"""How table rows are assigned to splits (data.split); currytrain.data.pipeline implements each."""
+
+
+@dataclass
+class TableConfig(TabularConfig):
+    """A table of the user's (.csv, .parquet or .jsonl): numeric features and an integer class column."""
+
+    _target_: str = "currytrain.data.tabular.TableFile"
+    path: str = "???"
+    """The table file: .csv, .parquet or .jsonl (read with pyarrow, the parquet extra)."""
+    target: str = "label"
+    """Column of class ids 0..C-1."""
+    features: list[str] = field(default_factory=list)
+    """Numeric feature columns; empty takes every column but target, group_column and time_column."""
+    split: str = "random"
+    """random (seeded rows), grouped (whole groups of group_column per split: no group in two splits) or
+    temporal (earliest time_column values train, later ones val, latest test: no train row is later than a val row)."""
+    group_column: str = ""
+    """With split=grouped: the column naming each row's group (a patient, a user, a session)."""
+    time_column: str = ""
+    """With split=temporal: the column of each row's timestamp (any sortable type)."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        """The file exists with a known ending; the split names the column it needs."""
+        from pathlib import Path
+
+        problems = one_of(node, path, "split", SPLIT_KINDS)
+        file = Path(str(node.path)).expanduser()
+        if not file.is_file():
+            problems.append(f"{path}.path={node.path} is not a file: pass {path}.path=<a .csv, .parquet or .jsonl table>")
+        elif file.suffix not in (".csv", ".parquet", ".jsonl"):
+            problems.append(f"{path}.path={node.path} is not a .csv, .parquet or .jsonl file: convert it, or pass one of those")
+        for kind, key in (("grouped", "group_column"), ("temporal", "time_column")):
+            if node.split == kind and not node[key]:
+                problems.append(f"{path}.split={kind} needs {path}.{key}: pass {path}.{key}=<the column>")
+        return problems

@@ -259,3 +259,27 @@ class SpikingConfig(DecoderConfig):
             problems.append(f"{path}.tau={node.tau} must be >= 1 (timesteps; 1 keeps no memory): pass {path}.tau=2.0")
         problems += positive(node, path, "threshold", 1.0) + positive(node, path, "surrogate_slope", 4.0)
         return problems + one_of(node, path, "reset", SPIKE_RESETS) + one_of(node, path, "surrogate", SPIKE_SURROGATES)
+
+
+@dataclass
+class MLPConfig(ModelConfig):
+    """model=mlp: a classifier of feature vectors (data=digits, data=table), not a decoder."""
+
+    _target_: str = "currytrain.model.mlp.MLPClassifier"
+    in_features: int = 64
+    """Features per row: the data's column count (data=digits: 64)."""
+    num_classes: int = 10
+    """Classes the logits cover: at least the data's (data=digits: 10)."""
+    dim: int = 128
+    """Width of each hidden layer."""
+    n_layers: int = 2
+    """Hidden layers (Linear + GELU + dropout each), kept in model.layers."""
+    dropout: float = 0.0
+    """Probability of zeroing a hidden unit in training."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        problems = at_least(node, path, ("in_features", "dim", "n_layers")) + at_least(node, path, ("num_classes",), minimum=2)
+        if not 0 <= node.dropout < 1:
+            problems.append(f"{path}.dropout={node.dropout} must be in [0, 1): pass {path}.dropout=0.0")
+        return problems
