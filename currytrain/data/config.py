@@ -193,16 +193,27 @@ class TableConfig(TabularConfig):
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
-        """The file exists with a known ending; the split names the column it needs."""
+        """The file exists with a known ending and its header holds every column named; the split names the
+        column it needs. Column types are checked when the table is read."""
         from pathlib import Path
 
+        from currytrain.data.files import table_columns
+
         problems = one_of(node, path, "split", SPLIT_KINDS)
-        file = Path(str(node.path)).expanduser()
-        if not file.is_file():
-            problems.append(f"{path}.path={node.path} is not a file: pass {path}.path=<a .csv, .parquet or .jsonl table>")
-        elif file.suffix not in (".csv", ".parquet", ".jsonl"):
-            problems.append(f"{path}.path={node.path} is not a .csv, .parquet or .jsonl file: convert it, or pass one of those")
         for kind, key in (("grouped", "group_column"), ("temporal", "time_column")):
             if node.split == kind and not node[key]:
                 problems.append(f"{path}.split={kind} needs {path}.{key}: pass {path}.{key}=<the column>")
+        file = Path(str(node.path)).expanduser()
+        if not file.is_file():
+            return problems + [f"{path}.path={node.path} is not a file: pass {path}.path=<a .csv, .parquet or .jsonl table>"]
+        if file.suffix not in (".csv", ".parquet", ".jsonl"):
+            return problems + [f"{path}.path={node.path} is not a .csv, .parquet or .jsonl file: convert it, or pass one of those"]
+        columns, problem = table_columns(file)
+        if problem:
+            return problems + [problem]
+        named = [("target", node.target), ("group_column", node.group_column), ("time_column", node.time_column)]
+        named += [("features", name) for name in node.features]
+        for key, name in named:
+            if name and name not in columns:
+                problems.append(f"{path}.{key}: {node.path} has no column {name!r} (it has {columns[:12]}): pass {path}.{key}=<a column>")
         return problems

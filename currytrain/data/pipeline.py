@@ -107,6 +107,8 @@ class Leak:
     check: str
     leaked: bool
     observed: str
+    expected: str
+    """What a leak-free split gives (the threshold)."""
     cause: str = ""
     fix: str = ""
 
@@ -130,9 +132,9 @@ def _same(a: Any, b: Any) -> bool:
 def fitted_on_train_only(transform: Any, train_x: np.ndarray) -> Leak:
     """Refit a copy of `transform` on the train rows: a transform fitted on train only has the same state;
     one fitted on train + val (the classic normaliser leak) does not."""
-    state = fitted_state(transform)
+    state, expected = fitted_state(transform), "the fitted state of a refit on the train rows alone"
     if not state:
-        return Leak("transform fitted on train only", False, f"{type(transform).__name__} has no fitted state (attributes ending in _) to compare")
+        return Leak("transform fitted on train only", False, f"{type(transform).__name__} has no fitted state (attributes ending in _) to compare", expected)
     refit = fitted_state(copy.deepcopy(transform).fit(train_x))
     differing = sorted(key for key in state if key not in refit or not _same(state[key], refit[key]))
     if differing:
@@ -140,10 +142,11 @@ def fitted_on_train_only(transform: Any, train_x: np.ndarray) -> Leak:
             "transform fitted on train only",
             True,
             f"{type(transform).__name__}.{', '.join(differing)} differ from a refit on the {len(train_x)} train rows",
+            expected,
             "the transform was fitted on rows outside the train split (the whole dataset?): val statistics leak into training",
             "fit transforms on the train split alone (currytrain.data.pipeline.fit_on_train)",
         )
-    return Leak("transform fitted on train only", False, f"{type(transform).__name__} equals a refit on the {len(train_x)} train rows")
+    return Leak("transform fitted on train only", False, f"{type(transform).__name__} equals a refit on the {len(train_x)} train rows", expected)
 
 
 def _row_keys(x: np.ndarray) -> set[bytes]:
@@ -171,28 +174,21 @@ def duplicate_rows(train_x: np.ndarray, other_x: np.ndarray, name: str, near_dis
         leaked = share > max_share
         cause = f"{name} repeats training rows: its score measures memory, not generalisation" if leaked else ""
         fix = "deduplicate before splitting, or split by group (data.split=grouped) so copies stay together" if leaked else ""
-        leaks.append(Leak(f"{kind} duplicates train/{name}", leaked, observed, cause, fix))
+        leaks.append(Leak(f"{kind} duplicates train/{name}", leaked, observed, f"share <= {max_share:g}", cause, fix))
     return leaks
 
 
-def _bin_edges(column: np.ndarray, max_bins: int) -> np.ndarray:
-    values = np.unique(column)
-    if len(values) <= max_bins:
-        return (values[:-1] + values[1:]) / 2  # one bin per value
-    return np.unique(np.quantile(column, np.linspace(0, 1, max_bins + 1)[1:-1]))
-
-
-def single_feature_accuracy(train_x: np.ndarray, train_y: np.ndarray, val_x: np.ndarray, val_y: np.ndarray, max_bins: int = 32) -> np.ndarray:
-    """For each feature: the val accuracy of predicting the class from that feature alone (the majority train
-    class of its bin, bins fitted on train)."""
-    num_classes = int(max(train_y.max(), val_y.max())) + 1
+def single_feature_accuracy(train_x: np.ndarray, train_y: np.ndarray, val_x: np.ndarray, val_y: np.ndarray) -> np.ndarray:
+    """For each feature: the val accuracy of predicting the class from that feature alone, as the class of
+    the train row with the nearest value (1-nearest-neighbour on one column)."""
     scores = np.zeros(train_x.shape[1])
     for feature in range(train_x.shape[1]):
-        edges = _bin_edges(train_x[:, feature], max_bins)
-        train_bins, val_bins = np.searchsorted(edges, train_x[:, feature]), np.searchsorted(edges, val_x[:, feature])
-        counts = np.zeros((len(edges) + 1, num_classes))
-        np.add.at(counts, (train_bins, train_y), 1)
-        scores[feature] = (counts.argmax(axis=1)[val_bins] == val_y).mean()
+        order = np.argsort(train_x[:, feature], kind="stable")
+        values, labels = train_x[order, feature], train_y[order]
+        right = np.clip(np.searchsorted(values, val_x[:, feature]), 0, len(values) - 1)
+        left = np.clip(right - 1, 0, len(values) - 1)
+        nearest = np.where(np.abs(values[left] - val_x[:, feature]) < np.abs(values[right] - val_x[:, feature]), left, right)
+        scores[feature] = (labels[nearest] == val_y).mean()
     return scores
 
 
@@ -205,16 +201,18 @@ def target_encoding_features(train_x, train_y, val_x, val_y, threshold: float, n
     suspects = [int(i) for i in np.flatnonzero((scores >= threshold) & (scores > baseline))]
     label = (lambda i: names[i]) if names else (lambda i: f"feature {i}")
     best = int(scores.argmax())
+    expected = f"no single feature predicts >= {threshold:.0%} of val classes"
     observed = f"best single feature ({label(best)}) predicts {scores[best]:.1%} of val classes (majority class: {baseline:.1%})"
     if suspects:
         return Leak(
             "no feature encodes the target",
             True,
             observed,
+            expected,
             f"{', '.join(label(i) for i in suspects[:4])} alone predict(s) the target: it is derived from the label",
             "drop the feature (data.features), or check how it was recorded",
         )
-    return Leak("no feature encodes the target", False, observed)
+    return Leak("no feature encodes the target", False, observed, expected)
 
 
 def leakage_report(
