@@ -138,3 +138,14 @@ def test_preflight_reports_the_split_leakage_checks_for_tables(tmp_path, one_thr
     for check in ("transform fitted on train only", "near duplicates train/val", "no feature encodes the target"):
         assert check in report
     assert "causality" not in report  # a token-sequence probe: rows of features have no positions
+
+
+def _final_val_loss(run_dir) -> float:
+    return next(event["val_loss"] for event in read_journal(run_dir / "journal.jsonl") if event["type"] == "finish")
+
+
+def test_two_ddp_ranks_train_the_digits_classifier_as_one_process_does(digits_run, tmp_path):
+    """The ranks split each global batch of rows (gloo, 2 processes): the same final val loss as one process."""
+    result = launch("experiment=digits", "parallel=ddp", "parallel.nproc=2", "trainer.progress=false", f"hydra.run.dir={tmp_path / 'run'}", tiny=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert abs(_final_val_loss(tmp_path / "run") - _final_val_loss(digits_run[1])) < 1e-4
