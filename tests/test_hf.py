@@ -568,3 +568,24 @@ def test_corrupted_weights_exit_2_from_the_commands(tmp_path):
     done = cli("hf", "import", str(tmp_path / "hf"), "--out", str(tmp_path / "again"))
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0 and f"{tmp_path}/hf/model.safetensors" in done.stderr, done.stderr
     assert not (tmp_path / "again").exists()
+
+
+def test_export_shards_large_weights_and_keeps_the_router_coefficient(tmp_path):
+    """Weights above --max-shard-size go to shards with an index transformers loads; the MoE load-balancing
+    coefficient travels to router_aux_loss_coef and back on import; a bad size is a ConfigError, nothing written."""
+    node, ours = make_moe_model(aux_loss_coef=0.02)
+    write_hf(node, ours.state_dict(), tmp_path / "sharded", max_shard_size=100_000)
+    shards = sorted(p.name for p in (tmp_path / "sharded").glob("model-*.safetensors"))
+    assert len(shards) > 1 and not (tmp_path / "sharded" / "model.safetensors").exists()
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    assert sorted(set(index["weight_map"].values())) == shards
+    exported = load_exported(tmp_path / "sharded")
+    assert exported.config.router_aux_loss_coef == 0.02
+    with torch.no_grad():
+        torch.testing.assert_close(exported(TOKENS).logits, ours(TOKENS), atol=1e-5, rtol=0)
+    import_hf(str(tmp_path / "sharded"), tmp_path / "reimported")
+    node_back, _, _ = read_model(tmp_path / "reimported")
+    assert node_back["aux_loss_coef"] == 0.02
+    with pytest.raises(ConfigError, match="--max-shard-size 5 gigs"):
+        write_hf(node, ours.state_dict(), tmp_path / "bad", max_shard_size="5 gigs")
+    assert not (tmp_path / "bad").exists()

@@ -273,6 +273,8 @@ class MixtralFamily(Family):
         node.update(_window_node(hf))
         node.update(num_experts=int(hf.num_local_experts), top_k=int(hf.num_experts_per_tok), expert_hidden=int(hf.intermediate_size))
         node.update(MIXTRAL_ROUTING)
+        # The load-balancing loss weight the checkpoint was trained with, so a fine-tune keeps it.
+        node["aux_loss_coef"] = float(getattr(hf, "router_aux_loss_coef", node["aux_loss_coef"]))
         return node
 
     def weight_names(self, node: dict[str, Any]) -> list[tuple[str, str]]:
@@ -335,6 +337,8 @@ class MixtralFamily(Family):
             num_experts_per_tok=node["top_k"],
             sliding_window=node.get("sliding_window") or None,
         )
+        if "aux_loss_coef" in node:  # the load-balancing weight; transformers applies it with output_router_logits
+            kwargs["router_aux_loss_coef"] = node["aux_loss_coef"]
         return kwargs
 
     def to_hf(self, state: dict[str, torch.Tensor], node: dict[str, Any]) -> dict[str, torch.Tensor]:
