@@ -41,6 +41,7 @@ TINY = dict(
     max_position_embeddings=64,
 )
 
+YARN_SCALING = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64)
 LLAMA3_SCALING = dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=16)
 
 # case -> (architecture, config class, overrides): each case exercises what its family or shape adds.
@@ -54,6 +55,8 @@ CASES = {
     # Llama 3.2's: llama3 RoPE scaling (an original context of 16 so the ramp bends this small head's bands), tied head.
     "llama-3.2-shaped": ("LlamaForCausalLM", "LlamaConfig", dict(rope_theta=500000.0, tie_word_embeddings=True, rope_scaling=LLAMA3_SCALING)),
     "llama-linear-rope": ("LlamaForCausalLM", "LlamaConfig", dict(rope_scaling=dict(rope_type="linear", factor=4.0))),
+    # Qwen3 with YaRN for long context: pairs 0-2 of this 8-pair head are kept, the rest interpolated, cos/sin x 1.14.
+    "qwen3-yarn": ("Qwen3ForCausalLM", "Qwen3Config", dict(head_dim=16, rope_theta=10000.0, rope_scaling=YARN_SCALING)),
     # Mistral v0.1 attends over a sliding window (6 < the 16 test tokens and the 24 generated); v0.3 has none.
     "mistral-v0.1-shaped": ("MistralForCausalLM", "MistralConfig", dict(sliding_window=6, head_dim=16)),
     "mistral-v0.3-shaped": ("MistralForCausalLM", "MistralConfig", dict(sliding_window=None, head_dim=24)),
@@ -277,7 +280,7 @@ def test_export_family_follows_the_model_class(monkeypatch):
 @pytest.mark.parametrize(
     "architecture, overrides, message",
     [
-        ("LlamaForCausalLM", dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), r"rope_type=dynamic .*default, linear and llama3"),
+        ("LlamaForCausalLM", dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), r"rope_type=dynamic .*default, linear, llama3 .*and yarn"),
         ("LlamaForCausalLM", dict(attention_bias=True), "attention_bias"),
         ("LlamaForCausalLM", dict(hidden_act="gelu"), "hidden_act=gelu"),
         ("Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=16, max_window_layers=0), "sliding-window"),
@@ -468,7 +471,8 @@ def test_rope_scaling_and_window_change_the_logits(tmp_path):
 
     from currytrain.model import build_model
 
-    for case, field, plain in (("llama-3.2-shaped", "rope_scaling", "none"), ("mistral-v0.1-shaped", "sliding_window", 0)):
+    cases = (("llama-3.2-shaped", "rope_scaling", "none"), ("qwen3-yarn", "rope_scaling", "none"), ("mistral-v0.1-shaped", "sliding_window", 0))
+    for case, field, plain in cases:
         make_hf_model(case).save_pretrained(tmp_path / case)
         imported = import_hf(str(tmp_path / case), tmp_path / f"{case}-imported")
         node, state, _ = read_model(imported)
@@ -511,7 +515,8 @@ def test_init_from_accepts_a_shorter_context(tmp_path, compose_cfg):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("model.rope_scaling=yarn", r"model.rope_scaling=yarn is not one of \['none', 'linear', 'llama3'\]"),
+        ("model.rope_scaling=dynamic", r"model.rope_scaling=dynamic is not one of \['none', 'linear', 'llama3', 'yarn'\]"),
+        ("model.rope_beta_slow=40", "model.rope_beta_fast=32.0 must exceed model.rope_beta_slow=40.0 > 0"),
         ("model.head_dim=15", "model.head_dim=15 is odd, RoPE needs an even head size: pass model.head_dim=16"),
         ("model.sliding_window=-1", "model.sliding_window=-1 must be >= 0"),
         ("model.rope_high_freq_factor=0.5", "must exceed model.rope_low_freq_factor"),
@@ -520,7 +525,7 @@ def test_init_from_accepts_a_shorter_context(tmp_path, compose_cfg):
 def test_bad_rope_fields_are_config_errors(override, message, compose_cfg):
     from currytrain.validate import validate
 
-    extra = ["model.rope_scaling=llama3"] if "freq" in override else []
+    extra = ["model.rope_scaling=llama3"] if "freq" in override else ["model.rope_scaling=yarn"] if "beta" in override else []
     problems = validate(compose_cfg(*extra, override))
     assert any(__import__("re").search(message, p) for p in problems), problems
 

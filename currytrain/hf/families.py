@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -34,14 +35,22 @@ MIXTRAL_ROUTING = {"gating": "softmax", "renormalize": True, "capacity_factor": 
 Reader = Callable[[str], torch.Tensor]
 
 # transformers' rope_type -> model.rope_scaling, and the scaling keys -> the model.rope_* fields.
-ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3"}
+ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3", "yarn": "yarn"}
 ROPE_KEYS = {
     "factor": "rope_factor",
     "low_freq_factor": "rope_low_freq_factor",
     "high_freq_factor": "rope_high_freq_factor",
     "original_max_position_embeddings": "rope_original_max_seq_len",
+    "beta_fast": "rope_beta_fast",
+    "beta_slow": "rope_beta_slow",
+    "attention_factor": "rope_attention_factor",
+    "truncate": "rope_truncate",
 }
-ROPE_FIELDS = {"linear": ("factor",), "llama3": tuple(ROPE_KEYS)}
+ROPE_FIELDS = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "truncate"),
+}
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -69,8 +78,8 @@ def _decoder_problems(hf: Any) -> list[str]:
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind not in ROPE_TYPES:
         problems.append(
-            f"rope scaling rope_type={kind} {scaling}: not supported, curryTrain implements rope_type default, linear and llama3 "
-            "(Llama 3.1-3.3); dynamic, yarn, longrope and the others are not converted approximately"
+            f"rope scaling rope_type={kind} {scaling}: not supported, curryTrain implements rope_type default, linear, llama3 "
+            "(Llama 3.1-3.3) and yarn; dynamic, longrope and the others are not converted approximately"
         )
     if getattr(hf, "partial_rotary_factor", 1.0) not in (None, 1.0):
         problems.append(f"partial_rotary_factor={hf.partial_rotary_factor}: curryTrain rotates the full head dimension")
@@ -104,6 +113,8 @@ def _rope_node(hf: Any) -> dict[str, Any]:
     kind = ROPE_TYPES[scaling.get("rope_type", scaling.get("type", "default"))]
     if kind == "none":
         return {}
+    if kind == "yarn":
+        return {"rope_scaling": kind, **_yarn_node(hf, scaling)}
     fields = {ROPE_KEYS[key]: float(scaling[key]) for key in ROPE_FIELDS[kind]}
     if "rope_original_max_seq_len" in fields:  # a token count
         fields["rope_original_max_seq_len"] = int(fields["rope_original_max_seq_len"])
@@ -129,6 +140,29 @@ def _decoder_node(hf: Any, target: str) -> dict[str, Any]:
     if head_dim := _head_dim(hf):
         node["head_dim"] = head_dim
     return {**node, **_rope_node(hf)}
+
+
+def _yarn_node(hf: Any, scaling: dict[str, Any]) -> dict[str, Any]:
+    """The model.rope_* fields of a yarn scaling, every default transformers fills in made explicit: the
+    factor (DeepSeek leaves it out: max_position_embeddings / the original), beta_fast/slow, the attention
+    factor (from mscale/mscale_all_dim when given), truncate."""
+    original = int(scaling["original_max_position_embeddings"])
+    factor = float(scaling.get("factor") or hf.max_position_embeddings / original)
+
+    def temperature(scale: float) -> float:
+        return 0.1 * scale * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+    attention = scaling.get("attention_factor")
+    if attention is None and scaling.get("mscale") and scaling.get("mscale_all_dim"):
+        attention = temperature(scaling["mscale"]) / temperature(scaling["mscale_all_dim"])
+    return {
+        "rope_factor": factor,
+        "rope_original_max_seq_len": original,
+        "rope_beta_fast": float(scaling.get("beta_fast") or 32),
+        "rope_beta_slow": float(scaling.get("beta_slow") or 1),
+        "rope_attention_factor": float(attention if attention is not None else temperature(1.0)),
+        "rope_truncate": bool(scaling.get("truncate", True)),
+    }
 
 
 def _rope_hf(node: dict[str, Any]) -> dict[str, Any]:

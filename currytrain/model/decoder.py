@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -37,11 +38,12 @@ def mup_attention_scale(head_dim: int, dim: int, mup: bool, mup_base_width: int)
     return 1.0 / math.sqrt(head_dim * mup_width_multiplier(dim, mup, mup_base_width))
 
 
-def rope_scaling_of(kind: str, factor: float, low_freq_factor: float, high_freq_factor: float, original_max_seq_len: int) -> RopeScaling | None:
-    """The RopeScaling the rope_* config fields describe, None when unscaled."""
+def rope_scaling_of(kind: str, factor: float, low_freq_factor: float, high_freq_factor: float, original_max_seq_len: int, **yarn: Any) -> RopeScaling | None:
+    """The RopeScaling the rope_* config fields describe, None when unscaled; `yarn`: beta_fast, beta_slow,
+    attention_factor, truncate (used by kind=yarn only)."""
     if kind == "none":
         return None
-    return RopeScaling(kind, factor, low_freq_factor, high_freq_factor, original_max_seq_len)
+    return RopeScaling(kind, factor, low_freq_factor, high_freq_factor, original_max_seq_len, **yarn)
 
 
 class Decoder(nn.Module):
