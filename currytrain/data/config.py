@@ -101,11 +101,12 @@ class TokensConfig:
     """A tokenizer.json, a folder holding one (a Hugging Face model folder) or a `currytrain hf import` folder."""
     paths: list[str] = field(default_factory=list)
     """Files or folders of UTF-8 text; folders are searched recursively for `suffixes`."""
-    suffixes: list[str] = field(default_factory=lambda: [".txt", ".md", ".jsonl", ".parquet"])
+    suffixes: list[str] = field(default_factory=lambda: [".txt", ".md", ".jsonl", ".parquet", ".arrow"])
     """File endings read from folders (files named directly are always read). A .jsonl file holds one
-    document per line, a JSON object whose `text_field` is the text; a .parquet file one per row."""
+    document per line, a JSON object whose `text_field` is the text; a .parquet or .arrow file one per row
+    (.arrow: a Hugging Face `datasets` save_to_disk folder or cache, read offline with pyarrow)."""
     text_field: str = "text"
-    """The field of each .jsonl record, or the column of each .parquet file, that holds the text."""
+    """The field of each .jsonl record, or the column of each .parquet/.arrow file, that holds the text."""
     documents: str = "file"
     """What one document is: file (each file) or paragraph (blank-line-separated blocks). Documents are
     split between train and val before tokenization; none contributes to both."""
