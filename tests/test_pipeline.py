@@ -131,11 +131,13 @@ def test_the_digits_experiment_trains_an_mlp_to_90_percent_val_accuracy(digits_r
     assert "currytrain.model.mlp.MLPClassifier" in resolved and "currytrain.data.tabular.Digits" in resolved
 
 
-def test_preflight_reports_the_split_leakage_checks_for_tables(tmp_path, one_thread):
-    result = launch("experiment=digits", "check=preflight", "trainer.progress=false", f"hydra.run.dir={tmp_path / 'run'}", tiny=False)
+def test_the_ladder_climbs_for_a_table_and_preflight_reports_its_leakage_checks(tmp_path, one_thread):
+    """check=sanity on experiment=digits: skeleton (rows, not token windows), preflight (with the split's
+    leakage checks) and sanity (init loss ln 10, overfit one batch) all pass: exit 0."""
+    result = launch("experiment=digits", "check=sanity", "trainer.progress=false", f"hydra.run.dir={tmp_path / 'run'}", tiny=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = (tmp_path / "run" / "report.md").read_text()
-    for check in ("transform fitted on train only", "near duplicates train/val", "no feature encodes the target"):
+    for check in ("batch shapes", "transform fitted on train only", "near duplicates train/val", "no feature encodes the target", "overfit one batch"):
         assert check in report
     assert "causality" not in report  # a token-sequence probe: rows of features have no positions
 

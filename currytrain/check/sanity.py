@@ -260,7 +260,9 @@ class Sanity(Stage):
         )
         if curve.losses and ctx.state.is_main:  # one writer of the run folder
             result.figures.append(
-                figures.overfit_curve(Path(ctx.run_dir) / "sanity_overfit.png", curve.losses, self.overfit_loss, chance_loss(parts.cfg.model.vocab_size))
+                figures.overfit_curve(
+                    Path(ctx.run_dir) / "sanity_overfit.png", curve.losses, self.overfit_loss, chance_loss(output_size(parts, get_batch(parts, 1)))
+                )
             )
         names = [name for name, _ in _blocks(parts.model)]
         started = time.perf_counter()

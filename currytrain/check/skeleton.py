@@ -54,8 +54,35 @@ def _short_path(source: str) -> str:
     return source
 
 
+def num_outputs(parts: Components) -> int:
+    """What the logits' last dimension must cover: a decoder's vocab_size, a classifier's num_classes (model=mlp)."""
+    model = parts.cfg.model
+    return int(model.vocab_size if "vocab_size" in model else model.num_classes)
+
+
+def rows_finding(parts: Components, batch: tuple[torch.Tensor, torch.Tensor], batch_size: int) -> Finding:
+    """A table's batch (data=digits|table): float feature rows and one class id each."""
+    inputs, targets_ = batch
+    classes = num_outputs(parts)
+    expected = f"inputs ({batch_size}, features) floating point, targets ({batch_size},) int64 in [0, {classes})"
+    observed = (
+        f"inputs {tuple(inputs.shape)} {inputs.dtype}, targets {tuple(targets_.shape)} {targets_.dtype} in [{int(targets_.min())}, {int(targets_.max())}]"
+    )
+    if inputs.dim() != 2 or inputs.shape[0] != batch_size or targets_.shape != (batch_size,) or targets_.dtype != torch.int64:
+        return Finding(
+            "batch shapes", Status.FAILED, observed, expected, "the data adapter's batch() returns other shapes or dtypes", "fix the adapter's batch()"
+        )
+    if int(targets_.max()) >= classes or int(targets_.min()) < 0:
+        return Finding(
+            "batch shapes", Status.FAILED, observed, expected, "class ids outside the model's outputs", f"pass model.num_classes={int(targets_.max()) + 1}"
+        )
+    return Finding("batch shapes", Status.PASSED, observed, expected)
+
+
 def batch_finding(parts: Components, batch: tuple[torch.Tensor, torch.Tensor], batch_size: int) -> Finding:
     inputs, targets_ = batch
+    if inputs.is_floating_point():  # rows of features, not token ids
+        return rows_finding(parts, batch, batch_size)
     vocab = parts.cfg.model.vocab_size
     expected = f"inputs and targets ({batch_size}, {parts.data.seq_len}) int64, ids in [0, {vocab})"
     observed = f"inputs {tuple(inputs.shape)} {inputs.dtype}, targets {tuple(targets_.shape)} {targets_.dtype}, ids in [{int(inputs.min())}, {int(max(inputs.max(), targets_.max()))}]"
@@ -72,13 +99,15 @@ def batch_finding(parts: Components, batch: tuple[torch.Tensor, torch.Tensor], b
     return Finding("batch shapes", Status.PASSED, observed, expected)
 
 
-def forward_finding(parts: Components, inputs: torch.Tensor) -> Finding:
-    vocab = parts.cfg.model.vocab_size
-    expected = f"logits {(*inputs.shape, vocab)}, floating point, finite"
+def forward_finding(parts: Components, batch: tuple[torch.Tensor, torch.Tensor]) -> Finding:
+    """Logits of shape (*targets, outputs): (batch, seq, vocab) for a decoder, (batch, classes) for a classifier."""
+    inputs, targets_ = batch
+    shape = (*targets_.shape, num_outputs(parts))
+    expected = f"logits {shape}, floating point, finite"
     with torch.no_grad(), eval_mode(parts.model):
         logits = parts.model(inputs)
     observed = f"{type(logits).__name__} {tuple(getattr(logits, 'shape', ()))} {getattr(logits, 'dtype', '')}"
-    if not isinstance(logits, torch.Tensor) or logits.shape != (*inputs.shape, vocab) or not logits.is_floating_point():
+    if not isinstance(logits, torch.Tensor) or logits.shape != shape or not logits.is_floating_point():
         return Finding(
             "forward shape", Status.FAILED, observed, expected, "the model's forward returns another shape", "check model.vocab_size and the readout"
         )
@@ -120,7 +149,7 @@ class Skeleton(Stage):
         result.findings.append(probe("batch shapes", lambda: batch_finding(parts, batch, self.batch_size)))
         if result.status is Status.FAILED:  # a forward pass on ids outside the vocabulary would only crash
             return result
-        result.findings.append(probe("forward shape", lambda: forward_finding(parts, batch[0])))
+        result.findings.append(probe("forward shape", lambda: forward_finding(parts, batch)))
         result.findings.append(probe("outputs are logits", lambda: logits_finding(parts, batch[0])))
         result.details = details(parts, ctx.cfg)
         return result
