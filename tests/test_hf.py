@@ -57,6 +57,8 @@ CASES = {
     "llama-linear-rope": ("LlamaForCausalLM", "LlamaConfig", dict(rope_scaling=dict(rope_type="linear", factor=4.0))),
     # Qwen3 with YaRN for long context: pairs 0-2 of this 8-pair head are kept, the rest interpolated, cos/sin x 1.14.
     "qwen3-yarn": ("Qwen3ForCausalLM", "Qwen3Config", dict(head_dim=16, rope_theta=10000.0, rope_scaling=YARN_SCALING)),
+    # Dynamic NTK: an original context of 8 tokens, so the 16 test tokens rescale theta.
+    "llama-dynamic-rope": ("LlamaForCausalLM", "LlamaConfig", dict(max_position_embeddings=8, rope_scaling=dict(rope_type="dynamic", factor=2.0))),
     # Mistral v0.1 attends over a sliding window (6 < the 16 test tokens and the 24 generated); v0.3 has none.
     "mistral-v0.1-shaped": ("MistralForCausalLM", "MistralConfig", dict(sliding_window=6, head_dim=16)),
     "mistral-v0.3-shaped": ("MistralForCausalLM", "MistralConfig", dict(sliding_window=None, head_dim=24)),
@@ -110,9 +112,11 @@ def greedy(model: torch.nn.Module, prompt: torch.Tensor, steps: int) -> torch.Te
     return tokens
 
 
-def hf_greedy(model: torch.nn.Module, prompt: torch.Tensor) -> torch.Tensor:
+def hf_greedy(model: torch.nn.Module, prompt: torch.Tensor, use_cache: bool = True) -> torch.Tensor:
     with torch.no_grad():
-        return model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=NUM_NEW_TOKENS, min_new_tokens=NUM_NEW_TOKENS)
+        return model.generate(
+            prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=NUM_NEW_TOKENS, min_new_tokens=NUM_NEW_TOKENS, use_cache=use_cache
+        )
 
 
 def load_exported(folder: Path) -> torch.nn.Module:
@@ -144,9 +148,12 @@ def test_import_export_round_trip_matches_transformers(case, tmp_path):
         torch.testing.assert_close(exported(TOKENS).logits, expected, atol=1e-5, rtol=0)
 
     prompt = TOKENS[:1, :4]
-    reference_tokens = hf_greedy(reference, prompt)
+    # Dynamic RoPE past the original context: transformers' KV cache keeps keys rotated with the bases of
+    # earlier lengths, so only its uncached generation is the model's function of the whole sequence.
+    dynamic = CASES[case][2].get("rope_scaling", {}).get("rope_type") == "dynamic"
+    reference_tokens = hf_greedy(reference, prompt, use_cache=not dynamic)
     assert reference_tokens.shape[1] == 4 + NUM_NEW_TOKENS
-    assert torch.equal(hf_greedy(exported, prompt), reference_tokens)
+    assert torch.equal(hf_greedy(exported, prompt, use_cache=not dynamic), reference_tokens)
     assert torch.equal(greedy(ours, prompt, NUM_NEW_TOKENS), reference_tokens)
 
 
@@ -280,7 +287,11 @@ def test_export_family_follows_the_model_class(monkeypatch):
 @pytest.mark.parametrize(
     "architecture, overrides, message",
     [
-        ("LlamaForCausalLM", dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), r"rope_type=dynamic .*default, linear, llama3 .*and yarn"),
+        (
+            "LlamaForCausalLM",
+            dict(rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8, "original_max_position_embeddings": 32}),
+            r"rope_type=longrope .*default, linear, llama3 .*yarn and dynamic",
+        ),
         ("LlamaForCausalLM", dict(attention_bias=True), "attention_bias"),
         ("LlamaForCausalLM", dict(hidden_act="gelu"), "hidden_act=gelu"),
         ("Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=16, max_window_layers=0), "sliding-window"),
@@ -471,13 +482,15 @@ def test_rope_scaling_and_window_change_the_logits(tmp_path):
 
     from currytrain.model import build_model
 
-    cases = (("llama-3.2-shaped", "rope_scaling", "none"), ("qwen3-yarn", "rope_scaling", "none"), ("mistral-v0.1-shaped", "sliding_window", 0))
+    cases = (("llama-3.2-shaped", "rope_scaling", "none"), ("qwen3-yarn", "rope_scaling", "none"), ("llama-dynamic-rope", "rope_scaling", "none"))
+    cases += (("mistral-v0.1-shaped", "sliding_window", 0),)
     for case, field, plain in cases:
         make_hf_model(case).save_pretrained(tmp_path / case)
         imported = import_hf(str(tmp_path / case), tmp_path / f"{case}-imported")
         node, state, _ = read_model(imported)
         assert node[field] not in (plain, None)
-        unscaled = build_model(OmegaConf.create({**node, field: plain})).eval()
+        # Past an original context shorter than the input (dynamic), the unscaled model needs the longer table.
+        unscaled = build_model(OmegaConf.create({**node, field: plain, "max_seq_len": max(node["max_seq_len"], TOKENS.shape[1])})).eval()
         unscaled.load_state_dict({**state, "output.weight": state.get("output.weight", state["tok_embeddings.weight"])})
         with torch.no_grad():
             assert (unscaled(TOKENS) - load_model(imported)(TOKENS)).abs().max() > 1e-3
@@ -515,7 +528,7 @@ def test_init_from_accepts_a_shorter_context(tmp_path, compose_cfg):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("model.rope_scaling=dynamic", r"model.rope_scaling=dynamic is not one of \['none', 'linear', 'llama3', 'yarn'\]"),
+        ("model.rope_scaling=longrope", r"model.rope_scaling=longrope is not one of \['none', 'linear', 'llama3', 'yarn', 'dynamic'\]"),
         ("model.rope_beta_slow=40", "model.rope_beta_fast=32.0 must exceed model.rope_beta_slow=40.0 > 0"),
         ("model.head_dim=15", "model.head_dim=15 is odd, RoPE needs an even head size: pass model.head_dim=16"),
         ("model.sliding_window=-1", "model.sliding_window=-1 must be >= 0"),

@@ -35,7 +35,7 @@ MIXTRAL_ROUTING = {"gating": "softmax", "renormalize": True, "capacity_factor": 
 Reader = Callable[[str], torch.Tensor]
 
 # transformers' rope_type -> model.rope_scaling, and the scaling keys -> the model.rope_* fields.
-ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3", "yarn": "yarn"}
+ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3", "yarn": "yarn", "dynamic": "dynamic"}
 ROPE_KEYS = {
     "factor": "rope_factor",
     "low_freq_factor": "rope_low_freq_factor",
@@ -50,6 +50,7 @@ ROPE_FIELDS = {
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "truncate"),
+    "dynamic": ("factor",),
 }
 
 
@@ -79,7 +80,7 @@ def _decoder_problems(hf: Any) -> list[str]:
     if kind not in ROPE_TYPES:
         problems.append(
             f"rope scaling rope_type={kind} {scaling}: not supported, curryTrain implements rope_type default, linear, llama3 "
-            "(Llama 3.1-3.3) and yarn; dynamic, longrope and the others are not converted approximately"
+            "(Llama 3.1-3.3), yarn and dynamic; longrope and the others are not converted approximately"
         )
     if getattr(hf, "partial_rotary_factor", 1.0) not in (None, 1.0):
         problems.append(f"partial_rotary_factor={hf.partial_rotary_factor}: curryTrain rotates the full head dimension")
@@ -115,6 +116,8 @@ def _rope_node(hf: Any) -> dict[str, Any]:
         return {}
     if kind == "yarn":
         return {"rope_scaling": kind, **_yarn_node(hf, scaling)}
+    if kind == "dynamic":  # transformers measures the growth against max_position_embeddings
+        return {"rope_scaling": kind, "rope_factor": float(scaling["factor"]), "rope_original_max_seq_len": int(hf.max_position_embeddings)}
     fields = {ROPE_KEYS[key]: float(scaling[key]) for key in ROPE_FIELDS[kind]}
     if "rope_original_max_seq_len" in fields:  # a token count
         fields["rope_original_max_seq_len"] = int(fields["rope_original_max_seq_len"])
@@ -182,7 +185,8 @@ def _decoder_hf_kwargs(node: dict[str, Any]) -> dict[str, Any]:
         "num_key_value_heads": node["n_kv_heads"],
         "head_dim": node.get("head_dim") or node["dim"] // node["n_heads"],
         "intermediate_size": node["mlp_hidden"],
-        "max_position_embeddings": node["max_seq_len"],
+        # Dynamic RoPE scales against max_position_embeddings: it must be the original context, not a longer max_seq_len.
+        "max_position_embeddings": node["rope_original_max_seq_len"] if node.get("rope_scaling") == "dynamic" else node["max_seq_len"],
         "rms_norm_eps": node["norm_eps"],
         "tie_word_embeddings": node["tie_embeddings"],
         "initializer_range": node["init_std"],

@@ -98,7 +98,7 @@ class DecoderConfig(ModelConfig):
         return problems
 
 
-ROPE_SCALINGS = ("none", "linear", "llama3", "yarn")
+ROPE_SCALINGS = ("none", "linear", "llama3", "yarn", "dynamic")
 """RoPE frequency scalings (model.rope_scaling); build_rope_cache implements each."""
 
 
@@ -117,7 +117,8 @@ class RopeDecoderConfig(DecoderConfig):
     rope_scaling: str = "none"
     """RoPE frequency scaling: none, linear (every frequency / rope_factor: position interpolation), llama3
     (Llama 3.1+: low frequencies / rope_factor, high ones kept, a smooth ramp between) or yarn (Qwen2.5/3
-    long context, DeepSeek: the same idea with the ramp set by rotation counts, plus an attention temperature)."""
+    long context, DeepSeek: the same idea with the ramp set by rotation counts, plus an attention temperature)
+    or dynamic (NTK: unscaled up to rope_original_max_seq_len, a longer input raises theta with its length)."""
     rope_factor: float = 1.0
     """With rope_scaling=linear|llama3|yarn: how much the context is stretched (Llama 3.1: 8, Llama 3.2: 32)."""
     rope_low_freq_factor: float = 1.0
@@ -125,7 +126,7 @@ class RopeDecoderConfig(DecoderConfig):
     rope_high_freq_factor: float = 4.0
     """With rope_scaling=llama3: wavelengths below rope_original_max_seq_len/this are kept; must exceed the low one."""
     rope_original_max_seq_len: int = 8192
-    """With rope_scaling=llama3|yarn: the context length (tokens) the model was pretrained at before scaling."""
+    """With rope_scaling=llama3|yarn|dynamic: the context length (tokens) the model was pretrained at before scaling."""
     rope_beta_fast: float = 32.0
     """With rope_scaling=yarn: channel pairs turning more than this many times over rope_original_max_seq_len keep their frequency."""
     rope_beta_slow: float = 1.0
@@ -161,6 +162,8 @@ class RopeDecoderConfig(DecoderConfig):
                 )
             if not node.rope_attention_factor >= 0:
                 problems.append(f"{path}.rope_attention_factor={node.rope_attention_factor} must be >= 0 (0 derives it): pass {path}.rope_attention_factor=0")
+        if node.rope_scaling == "dynamic":
+            problems += at_least(node, path, ("rope_original_max_seq_len",))
         if node.rope_scaling == "llama3":
             problems += at_least(node, path, ("rope_original_max_seq_len",))
             if not node.rope_high_freq_factor > node.rope_low_freq_factor > 0:

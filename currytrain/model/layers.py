@@ -50,6 +50,8 @@ class RopeScaling:
             return inv_freq / self.factor
         if self.kind == "yarn":
             return self._yarn(inv_freq, theta)
+        if self.kind == "dynamic":  # unscaled up to original_max_seq_len; longer inputs rescale theta (dynamic_theta)
+            return inv_freq
         assert self.kind == "llama3", self.kind
         # Llama 3.1: wavelengths longer than the pretraining context / low_freq_factor are stretched by factor,
         # those shorter than context / high_freq_factor kept, and a linear ramp in context/wavelength between.
@@ -74,6 +76,14 @@ class RopeScaling:
         high = high + 0.001 if low == high else high  # a one-pair ramp would divide by zero
         kept = 1 - ((torch.arange(len(inv_freq), dtype=torch.float32, device=inv_freq.device) - low) / (high - low)).clamp(0.0, 1.0)
         return inv_freq / self.factor * (1 - kept) + inv_freq * kept
+
+    def dynamic_theta(self, theta: float, seq_len: int, head_dim: int) -> float:
+        """Dynamic NTK scaling: a sequence longer than original_max_seq_len rotates every position with a base
+        raised so the longest wavelength stretches with it; shorter ones keep theta."""
+        if seq_len <= self.original_max_seq_len:
+            return theta
+        growth = self.factor * seq_len / self.original_max_seq_len - (self.factor - 1)
+        return theta * growth ** (head_dim / (head_dim - 2))
 
     @property
     def magnitude(self) -> float:
