@@ -35,10 +35,14 @@ class Components:
     """Moved to state.device and parallelized (TP, AC, compile, FSDP as configured)."""
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
+    module: torch.nn.Module
+    """`model` as built, with its own parameter names (checkpoints, weight loading); `model` itself unless
+    a runtime wrapped it (parallel.runtime=fabric)."""
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
-        return PRECISION_DTYPES[self.cfg.trainer.precision]
+        """The step's autocast; None under Fabric, whose precision plugin autocasts the forward itself."""
+        return None if self.state.fabric is not None else PRECISION_DTYPES[self.cfg.trainer.precision]
 
 
 def build_components(cfg: DictConfig, state: ParallelState) -> Components:
@@ -47,18 +51,18 @@ def build_components(cfg: DictConfig, state: ParallelState) -> Components:
     torch.manual_seed(cfg.seed)
     data = build(cfg.data)
     parallel = build(cfg.parallel)
-    model = parallel.apply(build_model(cfg.model), state, cfg.model)
+    model = parallel.apply(build_model(cfg.model), state, cfg.model, cfg.trainer.precision)
     # The optimizer sees the parallelized model (FSDP's sharded parameters); ZeRO-1 then wraps it.
     optimizer = parallel.wrap_optimizer(build(cfg.optimizer, exclude=["schedule"], model=model), state)
     scheduler = build_scheduler(optimizer, cfg.optimizer.schedule, cfg.trainer.max_steps)
-    return Components(cfg, state, data, model, optimizer, scheduler)
+    return Components(cfg, state, data, model, optimizer, scheduler, parallel.unwrap(model, state))
 
 
 @contextlib.contextmanager
 def parallel_session(cfg: DictConfig) -> Iterator[ParallelState]:
     """This process's place in the job (process groups, mesh, device) for as long as the block runs."""
     parallel = build(cfg.parallel)
-    state = parallel.setup(cfg.trainer.device)
+    state = parallel.setup(cfg.trainer.device, cfg.trainer.precision)
     try:
         yield state
     finally:

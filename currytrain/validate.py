@@ -204,11 +204,21 @@ def _check_memory(cfg: DictConfig) -> list[str]:
     ]
 
 
+def _check_fabric_precision(cfg: DictConfig) -> list[str]:
+    """Fabric's fp16 scales the loss inside fabric.backward, which the step's clipping and finiteness check
+    would read unscaled: curryTrain's own runtime has the GradScaler path."""
+    if _is(cfg.parallel, ParallelConfig) and cfg.parallel.runtime == "fabric" and cfg.trainer.precision == "fp16":
+        return [
+            "trainer.precision=fp16 with parallel.runtime=fabric is not supported: pass trainer.precision=bf16, or parallel.runtime=torch (fp16 with a GradScaler)"
+        ]
+    return []
+
+
 def _check_loggers(cfg: DictConfig) -> list[str]:
     return [] if cfg.logger else ["logger is empty: pass logger=[tensorboard,jsonl] (or at least one logger)"]
 
 
-CROSS_GROUP_CHECKS = (_check_model_and_data, _check_schedule, _check_init_from, _check_rollback, _check_batch_split, _check_loggers)
+CROSS_GROUP_CHECKS = (_check_model_and_data, _check_schedule, _check_init_from, _check_rollback, _check_batch_split, _check_fabric_precision, _check_loggers)
 
 
 def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:

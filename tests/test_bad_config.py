@@ -44,6 +44,7 @@ BAD_CONFIGS = [
     (["parallel=ddp", "parallel.dp_shard=2"], ["parallel.zero_stage=0 replicates the model", "parallel.dp_shard=2"]),
     (["parallel=fsdp", "parallel.tp=2"], ["parallel.tp=2: model-parallel axes are not supported yet"]),
     (["parallel=fsdp", "parallel.runtime=fabric"], ["parallel.runtime=fabric", "pass parallel.runtime=torch"]),
+    (["parallel.runtime=fabric", "trainer.precision=fp16"], ["trainer.precision=fp16 with parallel.runtime=fabric", "trainer.precision=bf16"]),
     (["parallel=ddp", "trainer.batch_size=3"], ["trainer.batch_size=3 (the global batch) does not split evenly over 2 data-parallel ranks"]),
     (["trainer.device=cpu", "trainer.precision=fp16"], ["trainer.precision=fp16 needs a CUDA device", "pass trainer.precision=bf16"]),
     (["model.vocab_size=100"], ["model.vocab_size=100 is smaller than the data's vocabulary (256)"]),

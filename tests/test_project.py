@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import ROOT
 from currytrain.cli import main as currytrain_main
@@ -70,6 +71,9 @@ def test_getting_started_commands_work_as_written(tmp_path):
         assert result.returncode == 0, f"{command}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     runs = finished_runs(cwd)
     assert len(runs) == 2 and all(event["step"] == 5 and math.isfinite(event["val_loss"]) for event in runs)
+    assert len(list(cwd.glob("runs/2*/*/report.md"))) == 1, "check=sanity wrote no report"
+    results = yaml.safe_load((cwd / "runs" / "sweeps" / "tpe" / "optimization_results.yaml").read_text())
+    assert math.isfinite(results["best_value"]) and len(list(cwd.glob("runs/sweeps/tpe/[0-9]/journal.jsonl"))) == 3
 
 
 @pytest.fixture(scope="module")

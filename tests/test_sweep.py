@@ -267,7 +267,8 @@ def test_multi_objective_sweep_writes_its_pareto_front(hydra_sweep_runner: TSwee
 @pytest.mark.slow
 def test_sweep_tpe_writes_results_report_and_resumes_to_n_trials(tmp_path):
     sweep_dir = tmp_path / "tpe"
-    args = ("-m", "sweep=tpe", f"hydra.sweep.dir={sweep_dir}")
+    # A ~key deletion on the command line reaches every trial as written (TPE then starts with its default).
+    args = ("-m", "sweep=tpe", f"hydra.sweep.dir={sweep_dir}", "~sweep.sampler.n_startup_trials")
     result = launch(*args)
     assert result.returncode == 0, result.stderr[-3000:]
     study = _study(sweep_dir, "tpe")

@@ -11,6 +11,7 @@ Every probe that trains does so inside `scratch`, so the next probe sees the mod
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -286,7 +287,7 @@ def label_leakage(parts: Components, step: StepFn, batch_size: int, steps: int, 
         )
     vocab = int(getattr(data, "vocab_size", parts.cfg.model.vocab_size))
     floor = chance_loss(vocab)
-    randomised = Components(parts.cfg, parts.state, _random_token_data(data, vocab), parts.model, parts.optimizer, parts.scheduler)
+    randomised = dataclasses.replace(parts, data=_random_token_data(data, vocab))
     with scratch(parts, lr="peak"):
         losses = [step(randomised, get_batch(randomised, batch_size, step=index)).loss for index in range(steps)]
     last = sum(losses[-3:]) / len(losses[-3:])

@@ -6,6 +6,7 @@ compose instead of one class per strategy. The checks here are torch-free (they 
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +43,8 @@ class ParallelConfig:
     """What the data-parallel ranks split: 0 nothing (DDP), 1 optimizer state (ZeroRedundancyOptimizer),
     2 + gradients (fully_shard, parameters kept gathered between forward and backward), 3 + parameters (FSDP)."""
     runtime: str = "torch"
-    """torch (curryTrain's own loop over torch.distributed), or fabric (Lightning Fabric; not available yet)."""
+    """torch (curryTrain's own loop over torch.distributed), or fabric: Lightning Fabric wraps the model (DDP), the
+    optimizer and the precision (32-true, bf16-mixed) and runs the backward; data parallel only (zero_stage 0)."""
     backend: str = "auto"
     """Process-group backend: auto (nccl on CUDA, gloo on CPU), gloo or nccl."""
 
@@ -54,12 +56,27 @@ class ParallelConfig:
         if node.runtime not in RUNTIMES:
             problems.append(f"{path}.runtime={node.runtime} is not one of {list(RUNTIMES)}: pass {path}.runtime=torch")
         elif node.runtime == "fabric":
-            problems.append(
-                f"{path}.runtime=fabric: the Lightning Fabric runtime is not available in this version "
-                f"(and it runs only ddp on CPU, never fsdp/zero): pass {path}.runtime=torch"
-            )
+            problems += _fabric_problems(node, path)
         if node.backend not in ("auto", "gloo", "nccl"):
             problems.append(f"{path}.backend={node.backend} is not one of ['auto', 'gloo', 'nccl']: pass {path}.backend=auto")
         if problems or node.nproc < 1:
             return problems
         return ParallelDims.problems(node, path, launched_world_size(node.nproc))
+
+
+def _fabric_problems(node: Any, path: str) -> list[str]:
+    """What runtime=fabric supports here: DDP over the data-parallel axes, with lightning installed."""
+    problems = []
+    if importlib.util.find_spec("lightning") is None:
+        problems.append(
+            f"{path}.runtime=fabric needs Lightning Fabric, which is not installed: pip install 'currytrain[fabric]' (or pass {path}.runtime=torch)"
+        )
+    if node.zero_stage != 0:
+        problems.append(
+            f"{path}.runtime=fabric runs DDP only (zero_stage=0), and {path}.zero_stage={node.zero_stage} shards: "
+            f"pass {path}.runtime=torch for zero1/zero2/fsdp/hsdp (torch's own ZeRO and FSDP2 run on CPU and GPU), or parallel=ddp"
+        )
+    sharded = [axis for axis in ("cp", "tp", "pp", "ep") if node[axis] != 1]
+    if sharded:
+        problems.append(f"{path}.runtime=fabric runs data parallelism only: {', '.join(f'{path}.{a}={node[a]}' for a in sharded)} needs {path}.runtime=torch")
+    return problems

@@ -37,12 +37,16 @@ MATMUL_OPS = [
 ]
 
 
-def parallelize_decoder(model: nn.Module, state: ParallelState, model_cfg: DictConfig, zero_stage: int = 0) -> nn.Module:
+def parallelize_decoder(
+    model: nn.Module, state: ParallelState, model_cfg: DictConfig, zero_stage: int = 0, param_dtype: torch.dtype | None = None
+) -> nn.Module:
     """Apply parallelism to a decoder whose blocks are `model.layers`, in place; returns the model.
 
     state: which axes this job has (tensor/data parallel groups come from its mesh).
     model_cfg: the model sub-tree; its APPLIED_FROM_OUTSIDE fields (ac, ac_policy, ac_every) are read here.
     zero_stage: 2 or 3 shard the parameters with FSDP2 over the data-parallel axes (0 and 1 leave them whole).
+    param_dtype: FSDP2 gathers the parameters in this dtype for compute (bf16 runs) and reduces gradients in
+    fp32; None gathers them as stored (fp32).
     """
     # 1. Tensor parallelism: shards each block's projections over the mesh's tp axis (lands with parallel=tp).
     # 2. Activation checkpointing: after TP so that recomputation replays the sharded ops; before compile
@@ -51,25 +55,34 @@ def parallelize_decoder(model: nn.Module, state: ParallelState, model_cfg: DictC
     # 3. torch.compile per block (lands with trainer.compile).
     # 4. FSDP: fully_shard per block, then the root.
     if zero_stage >= 2 and state.mesh is not None:
-        apply_fsdp(model, state, reshard_after_forward=zero_stage == 3)
+        apply_fsdp(model, state, reshard_after_forward=zero_stage == 3, param_dtype=param_dtype)
     return model
 
 
-def apply_fsdp(model: nn.Module, state: ParallelState, reshard_after_forward: bool) -> None:
+def apply_fsdp(model: nn.Module, state: ParallelState, reshard_after_forward: bool, param_dtype: torch.dtype | None = None) -> None:
     """FSDP2 fully_shard on every block of `model.layers`, then on the root (embedding, final norm, output).
 
     Sharded over dp_shard; with dp_replicate > 1 the 2-D mesh makes it HSDP (replicated across groups).
     reshard_after_forward=False keeps each block's parameters gathered from its forward to its backward:
     ZeRO-2 (only gradients and optimizer state stay sharded), one all-gather per step instead of two.
+    param_dtype (bf16 runs): the all-gathers move bf16 (half the bytes) and the blocks compute in it; the
+    sharded fp32 parameters and the optimizer stay fp32, and gradients are reduced in fp32.
     """
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = state.view("shard")
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype is not None else None)
     for block in model.layers:
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
     # The root's own group (embedding, norm, output) is used last in backward: no point resharding it.
-    fully_shard(model, mesh=mesh, reshard_after_forward=False)
-    log.info("fully_shard: %d blocks + root over %s (reshard_after_forward=%s)", len(model.layers), tuple(mesh.shape), reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=policy)
+    log.info(
+        "fully_shard: %d blocks + root over %s (reshard_after_forward=%s, param_dtype=%s)",
+        len(model.layers),
+        tuple(mesh.shape),
+        reshard_after_forward,
+        param_dtype,
+    )
 
 
 def apply_ac(model: nn.Module, mode: str, policy: str = "block", every: int = 1) -> None:

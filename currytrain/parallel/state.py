@@ -31,6 +31,8 @@ class ParallelState:
     """The resolved degrees of the mesh; None for one process without a process group."""
     views: dict[str, Any] = field(default_factory=dict)
     """Sub-meshes of `mesh` by name (each axis, dp, fsdp): see ParallelDims.build_mesh."""
+    fabric: Any | None = None
+    """The lightning.fabric.Fabric that wraps the model and optimizer and runs the backward (parallel.runtime=fabric)."""
 
     @property
     def is_main(self) -> bool:

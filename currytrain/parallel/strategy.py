@@ -6,6 +6,9 @@
     zero_stage 2 (zero2)  FSDP2 fully_shard, parameters stay gathered from forward to backward
     zero_stage 3 (fsdp)   FSDP2 fully_shard, parameters resharded after forward (hsdp: over dp_shard,
                           replicated over dp_replicate)
+
+runtime=fabric hands the data-parallel wrapping, the precision and the backward to Lightning Fabric (DDP only);
+the process group, the mesh and everything else stay curryTrain's.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from currytrain.parallel.state import ParallelState, resolve_device
 from currytrain.validate import format_problems
 
 log = logging.getLogger(__name__)
+
+FABRIC_PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
+"""trainer.precision -> Fabric's precision plugin (fp16 is refused with Fabric at validation)."""
 
 
 class Parallel:
@@ -48,12 +54,14 @@ class Parallel:
         self.zero_stage, self.runtime, self.backend = zero_stage, runtime, backend
         self._owns_group = False
 
-    def setup(self, device: str) -> ParallelState:
-        """Join the job (WORLD_SIZE/RANK/LOCAL_RANK from the launcher; one process without them)."""
+    def setup(self, device: str, precision: str = "fp32") -> ParallelState:
+        """Join the job (WORLD_SIZE/RANK/LOCAL_RANK from the launcher; one process without them).
+        `precision` (trainer.precision) matters only to Fabric, which owns it under runtime=fabric."""
         world, rank, local_rank = (int(os.environ.get(key, default)) for key, default in (("WORLD_SIZE", 1), ("RANK", 0), ("LOCAL_RANK", 0)))
         torch_device = resolve_device(device, local_rank)
+        fabric = self._launch_fabric(torch_device, world, precision) if self.runtime == "fabric" else None
         if world == 1 and self.zero_stage == 0:
-            return ParallelState(device=torch_device)  # one replica: nothing to all-reduce, no group needed
+            return ParallelState(device=torch_device, fabric=fabric)  # one replica: nothing to all-reduce, no group needed
         node = DictConfig({**self.degrees, "zero_stage": self.zero_stage, "nproc": self.nproc})
         problems = ParallelDims.problems(node, "parallel", world)
         if problems:
@@ -63,9 +71,27 @@ class Parallel:
         self._init_process_group(torch_device, world)
         dims = ParallelDims.resolve(node, world)
         mesh, views = dims.build_mesh(torch_device.type)
-        state = ParallelState(rank=rank, local_rank=local_rank, world_size=world, device=torch_device, mesh=mesh, dims=dims, views=views)
+        state = ParallelState(rank=rank, local_rank=local_rank, world_size=world, device=torch_device, mesh=mesh, dims=dims, views=views, fabric=fabric)
         log.info("parallel: world %d, dp_replicate=%d x dp_shard=%d, zero_stage=%d", world, dims.dp_replicate, dims.dp_shard, self.zero_stage)
         return state
+
+    def _launch_fabric(self, device: torch.device, world: int, precision: str):
+        """A Fabric over the processes the launcher already started (torchrun's environment: Fabric spawns
+        nothing); with several, it opens the process group (DDP over gloo or NCCL)."""
+        from lightning.fabric import Fabric  # seconds to import: only when chosen
+
+        logging.getLogger("lightning.fabric").setLevel(logging.WARNING)  # its banner would repeat on every rank
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        fabric = Fabric(
+            accelerator=device.type,
+            devices=local_world,
+            num_nodes=max(1, world // local_world),
+            strategy="ddp" if world > 1 else "auto",
+            precision=FABRIC_PRECISION[precision],
+        )
+        self._owns_group = world > 1 and not dist.is_initialized()
+        fabric.launch()
+        return fabric
 
     def _init_process_group(self, device: torch.device, world: int) -> None:
         if dist.is_initialized():
@@ -77,10 +103,14 @@ class Parallel:
             dist.init_process_group(backend)  # env:// from torchrun, launch.py's workers or SLURM
         self._owns_group = True
 
-    def apply(self, model: nn.Module, state: ParallelState, model_cfg: DictConfig) -> nn.Module:
+    def apply(self, model: nn.Module, state: ParallelState, model_cfg: DictConfig, precision: str = "fp32") -> nn.Module:
         """Move the model to this process's device, then parallelize it (TP, AC, compile, FSDP in that order);
-        DDP (zero_stage 0/1) last, in place, so the model keeps its class and its state-dict keys."""
-        model = parallelize_decoder(model.to(state.device), state, model_cfg, zero_stage=self.zero_stage)
+        DDP (zero_stage 0/1) last, in place, so the model keeps its class and its state-dict keys.
+        precision (trainer.precision): FSDP gathers bf16 parameters for bf16 runs (MixedPrecisionPolicy)."""
+        param_dtype = torch.bfloat16 if precision == "bf16" and state.fabric is None else None
+        model = parallelize_decoder(model.to(state.device), state, model_cfg, zero_stage=self.zero_stage, param_dtype=param_dtype)
+        if state.fabric is not None:
+            return state.fabric.setup_module(model)  # DDP and the precision's autocast around forward
         if state.mesh is not None and self.zero_stage < 2:
             from torch.distributed._composable.replicate import replicate
 
@@ -90,6 +120,8 @@ class Parallel:
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, state: ParallelState) -> torch.optim.Optimizer:
         """ZeRO-1: rebuild the optimizer as a ZeroRedundancyOptimizer over the same param groups, so each dp
         rank keeps (and updates) the state of its share of the parameters only."""
+        if state.fabric is not None:
+            return state.fabric.setup_optimizers(optimizer)
         if self.zero_stage != 1 or state.mesh is None:
             return optimizer
         from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -99,6 +131,12 @@ class Parallel:
         defaults = {key: value for key, value in optimizer.defaults.items() if key in accepted}
         groups = [{**group, "params": list(group["params"])} for group in optimizer.param_groups]
         return ZeroRedundancyOptimizer(groups, optimizer_class=kind, process_group=state.view("batch").get_group(), **defaults)
+
+    @staticmethod
+    def unwrap(model: nn.Module, state: ParallelState) -> nn.Module:
+        """The model as built, with its own parameter names (what checkpoints and weight loading see):
+        Fabric's wrapper prefixes them; torch's own wrapping is in place and changes none."""
+        return model.module if state.fabric is not None else model
 
     def teardown(self) -> None:
         if self._owns_group and dist.is_initialized():

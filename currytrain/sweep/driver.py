@@ -83,7 +83,10 @@ def search_space(settings: Mapping[str, Any], arguments: Sequence[str], config: 
     """The space from `params` plus sweeps written on the command line; plain command-line values are fixed."""
     space, problems = parse_params(settings["params"], paths["params"])
     for argument in arguments:
-        key, _, text = argument.partition("=")
+        key, equals, text = argument.partition("=")
+        if not equals:  # ~key: a deletion, passed to every trial as written
+            space.fixed[key] = None
+            continue
         try:
             dimension, fixed = parse_entry(key, text)
         except ValueError as error:
@@ -199,7 +202,7 @@ class SweepLoop:
 
         trial = study.ask({key: dim.distribution() for key, dim in self.space.dimensions.items()})
         trial.set_user_attr("run_dir", str((self.sweep_dir / str(trial.number)).resolve()))
-        fixed = [f"{key}={value}" for key, value in self.space.fixed.items()]
+        fixed = [key if value is None else f"{key}={value}" for key, value in self.space.fixed.items()]
         return trial, [*fixed, *overrides_of(trial.params), *job_env(self.spec_path, trial.number)]
 
     def run(self) -> Any:

@@ -48,8 +48,8 @@ class Dimension:
 @dataclass
 class SearchSpace:
     dimensions: dict[str, Dimension] = field(default_factory=dict)
-    fixed: dict[str, str] = field(default_factory=dict)
-    """Plain `key: value` entries: passed unchanged to every trial."""
+    fixed: dict[str, str | None] = field(default_factory=dict)
+    """Plain `key: value` entries: passed unchanged to every trial (value None: a `~key` deletion)."""
 
     def grid(self) -> dict[str, list[Any]]:
         return {key: dim.grid() for key, dim in self.dimensions.items()}

@@ -49,10 +49,12 @@ def run_accumulated_step(
     autocast_dtype: torch.dtype | None = None,
     measure_grads: bool = False,
     scaler: torch.amp.GradScaler | None = None,
+    backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
 ) -> StepResult:
     """Forward+backward each microbatch with its loss scaled by 1/N, then clip and take one optimizer step.
 
-    A model with auxiliary_loss() (MoE balancing) has it added to each microbatch's loss.
+    A model with auxiliary_loss() (MoE balancing) has it added to each microbatch's loss. `backward` runs each
+    microbatch's backward (Fabric's under parallel.runtime=fabric).
 
     Scaling each microbatch loss by 1/N makes the accumulated gradient equal to the gradient of
     the mean loss over the concatenated batch (for equal-sized microbatches).
@@ -69,7 +71,7 @@ def run_accumulated_step(
             task_loss = loss_fn(model(inputs), targets)
             loss = task_loss + model.auxiliary_loss() if isinstance(model, HasAuxiliaryLoss) else task_loss
         # fp16: the loss is scaled up so that small gradients do not underflow; unscaled before clipping.
-        (scaler.scale(loss / num_micro) if scaler is not None else loss / num_micro).backward()
+        backward(scaler.scale(loss / num_micro) if scaler is not None else loss / num_micro)
         # The reported loss is the task loss alone, so runs with and without auxiliary losses compare.
         total_loss += task_loss.detach() / num_micro
         num_tokens += targets.numel()

@@ -57,10 +57,11 @@ class Trainer:
         self.state = state or ParallelState(device=resolve_device(self.cfg.device))  # default: one process, no group
         parts = components or build_components(cfg, self.state)
         self.data, self.model, self.optimizer, self.scheduler = parts.data, parts.model, parts.optimizer, parts.scheduler
+        self.module = parts.module  # the model with its own parameter names, for checkpoints and weight loading
         self.autocast_dtype = parts.autocast_dtype
         # fp16 needs loss scaling (validation allows it on CUDA only); bf16 has fp32's range and needs none.
         self.scaler = torch.amp.GradScaler(self.state.device.type) if self.cfg.precision == "fp16" else None
-        self.train_state = TrainState(self.model, self.optimizer, self.scheduler, rank=self.state.rank)
+        self.train_state = TrainState(self.module, self.optimizer, self.scheduler, rank=self.state.rank)
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", self.cfg.keep_last, self.state.is_main)
         self.journal = Journal(self.run_dir / "journal.jsonl", enabled=self.state.is_main)
         self.loggers = build_loggers(cfg.logger, self.run_dir, enabled=self.state.is_main)
@@ -126,6 +127,7 @@ class Trainer:
             autocast_dtype=self.autocast_dtype,
             measure_grads=not self.memory_logged,
             scaler=self.scaler,
+            backward=self.state.fabric.backward if self.state.fabric is not None else torch.Tensor.backward,
         )
         if not self.memory_logged:
             self.log_memory(result.grad_bytes)
@@ -148,8 +150,8 @@ class Trainer:
         }
         # 6. log
         if step % cfg.log_every == 0 or step == cfg.max_steps:
-            if isinstance(self.model, HasTrainingMetrics):
-                metrics.update(self.model.training_metrics())
+            if isinstance(self.module, HasTrainingMetrics):
+                metrics.update(self.module.training_metrics())
             self.loggers.log_metrics(metrics, step)
             # The journal keeps the curves too, so a run folder is comparable whatever loggers ran.
             self.journal.event("metrics", step=step, **metrics)
@@ -165,7 +167,7 @@ class Trainer:
     def log_memory(self, grads: int | None) -> None:
         """Once per run, after its first step: every rank's bytes of parameters, gradients and optimizer
         state (what each strategy shards shows here), journaled by rank 0 and sent to the loggers."""
-        mine = {"params": param_bytes(self.model), "grads": grads or 0, "optimizer": optimizer_state_bytes(self.optimizer)}
+        mine = {"params": param_bytes(self.module), "grads": grads or 0, "optimizer": optimizer_state_bytes(self.optimizer)}
         ranks = self.state.gather(mine)
         self.journal.event("memory", step=self.step, ranks=ranks)
         self.loggers.log_metrics({f"memory/{key}_bytes": float(value) for key, value in mine.items()}, self.step)
@@ -247,6 +249,6 @@ class Trainer:
 
         # Validation checks the architecture first; a folder changed since is caught here.
         model_cfg = OmegaConf.to_container(self.model_cfg, resolve=True)
-        load_weights(self.model, self.cfg.init_from, model_cfg, what=f"trainer.init_from={self.cfg.init_from}")
+        load_weights(self.module, self.cfg.init_from, model_cfg, what=f"trainer.init_from={self.cfg.init_from}")
         self.journal.event("init_from", path=str(self.cfg.init_from))
         log.info("initialised the model from %s", self.cfg.init_from)
