@@ -38,7 +38,7 @@ def _hf_import(args: argparse.Namespace) -> None:
 def _hf_export(args: argparse.Namespace) -> None:
     from currytrain.hf import export_hf
 
-    out = export_hf(args.run, args.outdir, dtype=args.dtype, overwrite=args.overwrite)
+    out = export_hf(args.run, args.outdir, dtype=args.dtype, overwrite=args.overwrite, max_shard_size=args.max_shard_size)
     print(f"exported {args.run} -> {out} (config.json + model.safetensors): transformers.AutoModelForCausalLM.from_pretrained('{out}')")
 
 
@@ -90,6 +90,7 @@ def _add_hf(commands: argparse._SubParsersAction) -> None:
     save.add_argument("outdir", help="output folder for config.json + model.safetensors")
     save.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None, help="cast the weights (default: as stored)")
     save.add_argument("--overwrite", action="store_true", help="replace OUTDIR if it exists")
+    save.add_argument("--max-shard-size", default="5GB", help="larger weights are split into shards of at most this size, with an index (default: 5GB)")
     save.set_defaults(handler=_hf_export)
 
 

@@ -34,9 +34,9 @@ from currytrain.check.config import (
     SkeletonCheckConfig,
 )
 from currytrain.cost.config import CostConfig
-from currytrain.data.config import ProbeConfig, StdlibBytesConfig, SyntheticConfig, TextConfig, TokensConfig
+from currytrain.data.config import DigitsConfig, ProbeConfig, StdlibBytesConfig, SyntheticConfig, TableConfig, TextConfig, TokensConfig
 from currytrain.logger.config import JsonlConfig, MLflowConfig, TensorBoardConfig, WandbConfig
-from currytrain.model.config import GQAConfig, MoEConfig, SpikingConfig
+from currytrain.model.config import GQAConfig, MLPConfig, MoEConfig, SpikingConfig
 from currytrain.optim.config import AdamWConfig, SGDConfig
 from currytrain.parallel.config import ParallelConfig
 from currytrain.sweep.config import SWEEP_PRESETS, NoSweepConfig, OptunaSweepConfig
@@ -44,8 +44,16 @@ from currytrain.trainer.config import TrainerConfig
 
 # group -> option name -> schema. The YAML option <group>/<name>.yaml extends /schema/<group>/<name>.
 SCHEMAS: dict[str, dict[str, type]] = {
-    "model": {"gqa": GQAConfig, "moe": MoEConfig, "spiking": SpikingConfig},
-    "data": {"bytes": StdlibBytesConfig, "text": TextConfig, "synthetic": SyntheticConfig, "tokens": TokensConfig, "probe": ProbeConfig},
+    "model": {"gqa": GQAConfig, "moe": MoEConfig, "spiking": SpikingConfig, "mlp": MLPConfig},
+    "data": {
+        "bytes": StdlibBytesConfig,
+        "text": TextConfig,
+        "synthetic": SyntheticConfig,
+        "tokens": TokensConfig,
+        "probe": ProbeConfig,
+        "digits": DigitsConfig,
+        "table": TableConfig,
+    },
     "parallel": {name: ParallelConfig for name in ("single", "ddp", "zero1", "zero2", "fsdp", "hsdp")},
     "optimizer": {"adamw": AdamWConfig, "sgd": SGDConfig},
     "logger": {"tensorboard": TensorBoardConfig, "jsonl": JsonlConfig, "mlflow": MLflowConfig, "wandb": WandbConfig},

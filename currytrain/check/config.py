@@ -56,6 +56,13 @@ class PreflightConfig:
     """Val windows (of data.seq_len tokens) searched for in the train stream."""
     max_overlap: float = 0.25
     """Largest share of those val windows allowed to occur verbatim in the train stream."""
+    near_distance: float = 0.05
+    """Tables (data=digits|table): a val row within this root-mean-square distance of a train row, per feature
+    in train standard deviations, is a near duplicate."""
+    max_duplicate_share: float = 0.0
+    """Tables: largest share of val (or test) rows allowed an exact or near duplicate in train."""
+    target_threshold: float = 0.99
+    """Tables: a feature that alone predicts at least this share of the val classes encodes the target."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
@@ -64,6 +71,9 @@ class PreflightConfig:
         problems += positive(node, path, "leak_margin", 0.25)
         if not 0 <= node.max_overlap <= 1:
             problems.append(f"{path}.max_overlap={node.max_overlap} must be in [0, 1]: pass {path}.max_overlap=0.25")
+        if not 0 <= node.max_duplicate_share <= 1:
+            problems.append(f"{path}.max_duplicate_share={node.max_duplicate_share} must be in [0, 1]: pass {path}.max_duplicate_share=0.0")
+        problems += positive(node, path, "near_distance", 0.05) + positive(node, path, "target_threshold", 0.99)
         return problems
 
 

@@ -58,8 +58,29 @@ IGNORE_INDEX = -100
 """The target the cross-entropy ignores."""
 
 
+def rows_finding(parts: Components, batch: tuple[torch.Tensor, torch.Tensor], batch_size: int) -> Finding:
+    """A table's batch (data=digits|table): float feature rows and one class id each."""
+    inputs, targets_ = batch
+    classes = num_classes(parts)
+    expected = f"inputs ({batch_size}, features) floating point, targets ({batch_size},) int64 in [0, {classes})"
+    observed = (
+        f"inputs {tuple(inputs.shape)} {inputs.dtype}, targets {tuple(targets_.shape)} {targets_.dtype} in [{int(targets_.min())}, {int(targets_.max())}]"
+    )
+    if inputs.dim() != 2 or inputs.shape[0] != batch_size or targets_.shape != (batch_size,) or targets_.dtype != torch.int64:
+        return Finding(
+            "batch shapes", Status.FAILED, observed, expected, "the data adapter's batch() returns other shapes or dtypes", "fix the adapter's batch()"
+        )
+    if int(targets_.max()) >= classes or int(targets_.min()) < 0:
+        return Finding(
+            "batch shapes", Status.FAILED, observed, expected, "class ids outside the model's outputs", f"pass model.num_classes={int(targets_.max()) + 1}"
+        )
+    return Finding("batch shapes", Status.PASSED, observed, expected)
+
+
 def batch_finding(parts: Components, batch: tuple[torch.Tensor, torch.Tensor], batch_size: int) -> Finding:
     inputs, targets_ = batch
+    if inputs.is_floating_point():  # rows of features, not token ids
+        return rows_finding(parts, batch, batch_size)
     vocab, classes = parts.cfg.model.vocab_size, num_classes(parts)
     input_shape, target_shape = expected_shapes(parts, batch_size)
     expected = f"inputs {input_shape} int64 with ids in [0, {vocab}), targets {target_shape} int64 in [0, {classes}) or {IGNORE_INDEX} (ignored)"

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from currytrain.build import build
 from currytrain.checkpoint import Checkpointer, TrainState
 from currytrain.components import Components, build_components
+from currytrain.data import HasEvalMetrics
 from currytrain.errors import Aborted, ConfigError, Pruned, RunFailed
 from currytrain.journal import Journal
 from currytrain.logger.base import MultiLogger
@@ -212,17 +213,21 @@ class Trainer:
     def evaluate(self) -> float:
         """Mean loss over the same trainer.eval_batches val batches every time, so evals are comparable."""
         self.model.eval()
-        losses = []
+        losses, extra = [], []
         for index in range(self.cfg.eval_batches):
             inputs, targets = self.batch("val", 0, index)
             inputs, targets = inputs.to(self.state.device), targets.to(self.state.device)
             with torch.autocast(self.state.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
-                losses.append(causal_lm_loss(self.model(inputs), targets).item())
+                logits = self.model(inputs)
+                losses.append(causal_lm_loss(logits, targets).item())
+            if isinstance(self.data, HasEvalMetrics):  # a classifier's accuracy, say
+                extra.append(self.data.eval_metrics(logits, targets))
         self.model.train()
         val_loss = self.state.mean_over("loss", torch.tensor(sum(losses) / len(losses), device=self.state.device)).item()
-        self.loggers.log_metrics({"val/loss": val_loss, "val/bits_per_token": val_loss / math.log(2)}, self.step)
-        self.journal.event("eval", step=self.step, val_loss=val_loss)
-        log.info("step %d: val loss %.4f", self.step, val_loss)
+        means = {key: self.state.mean_over("loss", torch.tensor(sum(m[key] for m in extra) / len(extra))).item() for key in (extra[0] if extra else {})}
+        self.loggers.log_metrics({"val/loss": val_loss, "val/bits_per_token": val_loss / math.log(2), **{f"val/{k}": v for k, v in means.items()}}, self.step)
+        self.journal.event("eval", step=self.step, val_loss=val_loss, **means)
+        log.info("step %d: val loss %.4f%s", self.step, val_loss, "".join(f", {key} {value:.4f}" for key, value in means.items()))
         return val_loss
 
     def save_checkpoint(self) -> None:
