@@ -92,11 +92,6 @@ def fit_on_train(transform: Transform, x: np.ndarray, split: Split) -> dict[str,
     return {name: transform.transform(x[rows]) for name, rows in split.parts().items() if len(rows)}
 
 
-def shuffled(num_rows: int, seed: int) -> np.ndarray:
-    """A permutation of the rows determined by `seed` alone (callers derive the seed from seed, split, step...)."""
-    return np.random.default_rng(seed).permutation(num_rows)
-
-
 # ------------------------------------------------------------------------------------------ leakage detector
 
 

@@ -224,7 +224,10 @@ class Trainer:
                 extra.append(self.data.eval_metrics(logits, targets))
         self.model.train()
         val_loss = self.state.mean_over("loss", torch.tensor(sum(losses) / len(losses), device=self.state.device)).item()
-        means = {key: self.state.mean_over("loss", torch.tensor(sum(m[key] for m in extra) / len(extra))).item() for key in (extra[0] if extra else {})}
+        means = {
+            key: self.state.mean_over("loss", torch.tensor(sum(m[key] for m in extra) / len(extra), device=self.state.device)).item()
+            for key in (extra[0] if extra else {})
+        }
         self.loggers.log_metrics({"val/loss": val_loss, "val/bits_per_token": val_loss / math.log(2), **{f"val/{k}": v for k, v in means.items()}}, self.step)
         self.journal.event("eval", step=self.step, val_loss=val_loss, **means)
         log.info("step %d: val loss %.4f%s", self.step, val_loss, "".join(f", {key} {value:.4f}" for key, value in means.items()))
