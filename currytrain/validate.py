@@ -21,9 +21,11 @@ from omegaconf.errors import OmegaConfBaseException
 from currytrain.build import target_problems
 from currytrain.data.config import BYTE_VOCAB
 from currytrain.errors import ConfigError, ConfigRejected
+from currytrain.model.config import GQAConfig
 from currytrain.optim.config import AdamWConfig
 from currytrain.parallel.config import ParallelConfig
 from currytrain.parallel.dims import ParallelDims, launched_world_size
+from currytrain.rules import divisors
 from currytrain.weights import architecture_mismatch, model_node_of, resume_checkpoint, safetensors_problem
 
 
@@ -167,6 +169,34 @@ def _check_batch_split(cfg: DictConfig) -> list[str]:
     return []
 
 
+def _check_tensor_parallel(cfg: DictConfig) -> list[str]:
+    """parallel.tp splits attention heads (query and key/value alike), the MLP's hidden width and, sequence-parallel,
+    the sequence between blocks: each must divide by tp. The plan is written for the GQA family."""
+    if not _is(cfg.parallel, ParallelConfig) or not cfg.parallel.tp > 1:
+        return []
+    tp, model = cfg.parallel.tp, cfg.model
+    if not _is(model, GQAConfig):
+        return [f"parallel.tp={tp} shards the GQA decoder (model=gqa); {model._target_} has no tensor-parallel plan yet: pass parallel.tp=1"]
+    problems = []
+    for key in ("n_heads", "n_kv_heads", "mlp_hidden"):
+        if model[key] % tp:
+            fits = [d for d in divisors(model[key]) if d > 1]
+            problems.append(
+                f"parallel.tp={tp} does not divide model.{key}={model[key]}: choose parallel.tp in {fits or [1]}, or a model.{key} that {tp} divides"
+            )
+    if cfg.data.seq_len % tp:
+        problems.append(
+            f"parallel.tp={tp} does not divide data.seq_len={cfg.data.seq_len} (sequence parallel splits it): pass data.seq_len={cfg.data.seq_len // tp * tp}"
+        )
+    if model.qk_norm:
+        problems.append(f"parallel.tp={tp} with model.qk_norm=true is not supported yet (its norms would see a share of the heads): pass model.qk_norm=false")
+    if model.tie_embeddings:
+        problems.append(
+            f"parallel.tp={tp} with model.tie_embeddings=true is not supported (the tied weight would be sharded twice): pass model.tie_embeddings=false"
+        )
+    return problems
+
+
 def _check_memory(cfg: DictConfig) -> list[str]:
     """Refuse a run that cannot fit, with the estimate (currytrain/estimate.py) and what to change."""
     from currytrain.estimate import GiB, device_memory, estimate_memory
@@ -196,7 +226,16 @@ def _check_loggers(cfg: DictConfig) -> list[str]:
     return [] if cfg.logger else ["logger is empty: pass logger=[tensorboard,jsonl] (or at least one logger)"]
 
 
-CROSS_GROUP_CHECKS = (_check_model_and_data, _check_schedule, _check_init_from, _check_rollback, _check_batch_split, _check_fabric_precision, _check_loggers)
+CROSS_GROUP_CHECKS = (
+    _check_model_and_data,
+    _check_schedule,
+    _check_init_from,
+    _check_rollback,
+    _check_batch_split,
+    _check_tensor_parallel,
+    _check_fabric_precision,
+    _check_loggers,
+)
 
 
 def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:

@@ -115,9 +115,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, seq_len, _ = x.shape
-        q = self.wq(x).view(batch, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(batch, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(batch, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        # -1 heads: under tensor parallelism each rank holds n_heads / tp of them (and as many kv heads per group).
+        q = self.wq(x).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)

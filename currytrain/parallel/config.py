@@ -1,6 +1,6 @@
 """Typed config of the parallel group (conf/parallel/): one schema, the degrees of every mesh axis.
 
-Every option (single, ddp, zero1, zero2, fsdp, hsdp) is a preset of the same ParallelConfig, so axes
+Every option (single, ddp, zero1, zero2, fsdp, hsdp, tp, hybrid) is a preset of the same ParallelConfig, so axes
 compose instead of one class per strategy. The checks here are torch-free (they run at validation).
 """
 
@@ -34,7 +34,9 @@ class ParallelConfig:
     cp: int = 1
     """Context-parallel degree (sequence split). Only 1 for now."""
     tp: int = 1
-    """Tensor-parallel degree. Only 1 for now."""
+    """Tensor-parallel degree: each block's attention heads and MLP width are split over tp ranks (DTensor column/row
+    parallel), the norms and the residual stream over the sequence (sequence parallel), the loss over the vocabulary
+    (loss parallel). The tp ranks of a group see the same batch. model=gqa; tp divides its heads and mlp_hidden."""
     pp: int = 1
     """Pipeline-parallel stages. Only 1 for now."""
     ep: int = 1

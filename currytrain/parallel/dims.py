@@ -11,10 +11,11 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-# Mesh axes, outermost first (torchtitan's order). Only the data-parallel ones may exceed 1 for now.
+# Mesh axes, outermost first (torchtitan's order). The data-parallel ones and tp may exceed 1 for now.
 AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 DP_AXES = ("dp_replicate", "dp_shard")
 MODEL_AXES = ("cp", "tp", "pp", "ep")
+SUPPORTED_MODEL_AXES = ("tp",)
 
 
 def launched_world_size(nproc: int) -> int:
@@ -39,8 +40,10 @@ class ParallelDims:
         """Every problem of the degrees in `node` (a parallel config) for a job of `world_size` processes."""
         problems = []
         for axis in MODEL_AXES:
-            if node[axis] != 1:
-                problems.append(f"{path}.{axis}={node[axis]}: model-parallel axes are not supported yet (only data parallelism): pass {path}.{axis}=1")
+            if axis in SUPPORTED_MODEL_AXES and node[axis] < 1:
+                problems.append(f"{path}.{axis}={node[axis]} must be >= 1: pass {path}.{axis}=1 (off) or a degree that divides the world size")
+            elif axis not in SUPPORTED_MODEL_AXES and node[axis] != 1:
+                problems.append(f"{path}.{axis}={node[axis]}: this model-parallel axis is not supported yet (data parallel and tp are): pass {path}.{axis}=1")
         for axis in DP_AXES:
             if node[axis] < 1 and node[axis] != -1:
                 problems.append(f"{path}.{axis}={node[axis]} must be >= 1, or -1 for the rest of the world: pass {path}.{axis}=-1")
@@ -55,12 +58,18 @@ class ParallelDims:
             return problems
         fixed = math.prod(max(node[axis], 1) for axis in (*DP_AXES, "cp", "tp", "pp"))
         where = f"the world size is {world_size} ({'WORLD_SIZE' if 'WORLD_SIZE' in os.environ else f'{path}.nproc={node.nproc}'})"
-        degrees = " x ".join(f"{path}.{axis}={node[axis]}" for axis in DP_AXES)
+        degrees = " x ".join(f"{path}.{axis}={node[axis]}" for axis in (*DP_AXES, "tp") if axis != "tp" or node.tp > 1)
         if -1 in (node.dp_replicate, node.dp_shard):
             if world_size % fixed:
                 return [f"{degrees} cannot fill the world: {where}, which {fixed} does not divide: pass {path}.nproc={fixed} (or a multiple)"]
         elif fixed != world_size:
             return [f"{degrees} = {fixed} processes, but {where}: pass {path}.nproc={fixed}, or degrees whose product is {world_size}"]
+        dims = ParallelDims.resolve(node, world_size)
+        if dims.tp > 1 and node.zero_stage in (0, 1) and dims.dp_size > 1:
+            return [
+                f"{path}.tp={node.tp} with {path}.zero_stage={node.zero_stage} over {dims.dp_size} data-parallel ranks: DDP does not take tensor-parallel "
+                f"(DTensor) parameters; pass parallel=hybrid (FSDP over the data-parallel ranks: {path}.zero_stage=3 {path}.dp_shard=-1 {path}.dp_replicate=1)"
+            ]
         return []
 
     @classmethod

@@ -7,6 +7,7 @@ metric is averaged over). Both are the flattened data-parallel axes until contex
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,15 @@ class ParallelState:
     def dp_size(self) -> int:
         """How many slices each global batch is cut into."""
         return 1 if self.mesh is None else self.view("batch").size()
+
+    def loss_context(self) -> contextlib.AbstractContextManager:
+        """What the loss and its backward run inside: loss_parallel when tensor parallelism leaves the logits sharded
+        over the vocabulary (the cross-entropy then reduces across the tp ranks instead of gathering the logits)."""
+        if self.dims is not None and self.dims.tp > 1:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            return loss_parallel()
+        return contextlib.nullcontext()
 
     def mean_over(self, role: str, value: torch.Tensor) -> torch.Tensor:
         """`value` averaged over the ranks of `role` (every rank gets the mean); unchanged for one process."""

@@ -18,6 +18,11 @@ from currytrain.parallel.memory import grad_bytes
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
+def full(value: torch.Tensor) -> torch.Tensor:
+    """A plain tensor of `value`: a DTensor (a loss computed under loss_parallel is one) is gathered whole."""
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
 def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy in nats; logits are upcast so bf16 autocast keeps an fp32 loss."""
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
@@ -48,11 +53,13 @@ def run_accumulated_step(
     measure_grads: bool = False,
     scaler: torch.amp.GradScaler | None = None,
     backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
+    loss_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> StepResult:
     """Forward+backward each microbatch with its loss scaled by 1/N, then clip and take one optimizer step.
 
     A model with auxiliary_loss() (MoE balancing) has it added to each microbatch's loss. `backward` runs each
-    microbatch's backward (Fabric's under parallel.runtime=fabric).
+    microbatch's backward (Fabric's under parallel.runtime=fabric). `loss_context` makes the context each microbatch's
+    forward, loss and backward run in (ParallelState.loss_context: loss_parallel under tensor parallelism).
 
     Scaling each microbatch loss by 1/N makes the accumulated gradient equal to the gradient of
     the mean loss over the concatenated batch (for equal-sized microbatches).
@@ -65,13 +72,14 @@ def run_accumulated_step(
     for inputs, targets in microbatches:
         inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
         autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
-        with autocast:
-            task_loss = loss_fn(model(inputs), targets)
-            loss = task_loss + model.auxiliary_loss() if isinstance(model, HasAuxiliaryLoss) else task_loss
-        # fp16: the loss is scaled up so that small gradients do not underflow; unscaled before clipping.
-        backward(scaler.scale(loss / num_micro) if scaler is not None else loss / num_micro)
+        with loss_context():
+            with autocast:
+                task_loss = loss_fn(model(inputs), targets)
+                loss = task_loss + model.auxiliary_loss() if isinstance(model, HasAuxiliaryLoss) else task_loss
+            # fp16: the loss is scaled up so that small gradients do not underflow; unscaled before clipping.
+            backward(scaler.scale(loss / num_micro) if scaler is not None else loss / num_micro)
         # The reported loss is the task loss alone, so runs with and without auxiliary losses compare.
-        total_loss += task_loss.detach() / num_micro
+        total_loss += full(task_loss.detach()) / num_micro
         num_tokens += targets.numel()
 
     if scaler is not None:

@@ -24,7 +24,7 @@ from currytrain.parallel.memory import optimizer_state_bytes, param_bytes
 from currytrain.parallel.state import ParallelState, resolve_device
 from currytrain.trainer.hooks import Action, Decision, StepHook, decide
 from currytrain.trainer.progress import Progress
-from currytrain.trainer.step import causal_lm_loss, run_accumulated_step
+from currytrain.trainer.step import causal_lm_loss, full, run_accumulated_step
 from currytrain.weights import find_checkpoint, resume_checkpoint
 
 log = logging.getLogger(__name__)
@@ -127,6 +127,7 @@ class Trainer:
             measure_grads=not self.memory_logged,
             scaler=self.scaler,
             backward=self.state.fabric.backward if self.state.fabric is not None else torch.Tensor.backward,
+            loss_context=self.state.loss_context,
         )
         if not self.memory_logged:
             self.log_memory(result.grad_bytes)
@@ -209,8 +210,9 @@ class Trainer:
         for index in range(self.cfg.eval_batches):
             inputs, targets = self.batch("val", 0, index)
             inputs, targets = inputs.to(self.state.device), targets.to(self.state.device)
-            with torch.autocast(self.state.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
-                losses.append(causal_lm_loss(self.model(inputs), targets).item())
+            autocast = torch.autocast(self.state.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
+            with self.state.loss_context(), autocast:
+                losses.append(full(causal_lm_loss(self.model(inputs), targets)).item())
         self.model.train()
         val_loss = self.state.mean_over("loss", torch.tensor(sum(losses) / len(losses), device=self.state.device)).item()
         self.loggers.log_metrics({"val/loss": val_loss, "val/bits_per_token": val_loss / math.log(2)}, self.step)
