@@ -21,7 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 from currytrain.build import target_problems
 from currytrain.data.config import BYTE_VOCAB
 from currytrain.errors import ConfigError, ConfigRejected
-from currytrain.model.config import GQAConfig
+from currytrain.model.config import GQAConfig, MoEConfig
 from currytrain.optim.config import AdamWConfig
 from currytrain.parallel.config import ParallelConfig
 from currytrain.parallel.dims import ParallelDims, launched_world_size
@@ -197,6 +197,26 @@ def _check_tensor_parallel(cfg: DictConfig) -> list[str]:
     return problems
 
 
+def _check_expert_parallel(cfg: DictConfig) -> list[str]:
+    """parallel.ep shares out each MoE layer's experts evenly; tokens travel to them dropless."""
+    if not _is(cfg.parallel, ParallelConfig) or not cfg.parallel.ep > 1:
+        return []
+    ep, model = cfg.parallel.ep, cfg.model
+    if not _is(model, MoEConfig):
+        return [f"parallel.ep={ep} shards the experts of a mixture-of-experts model, and {model._target_} has none: pass model=moe, or parallel.ep=1"]
+    problems = []
+    if model.num_experts % ep:
+        fits = [d for d in divisors(model.num_experts) if d > 1]
+        problems.append(
+            f"parallel.ep={ep} does not divide model.num_experts={model.num_experts}: choose parallel.ep in {fits or [1]}, or model.num_experts={ep * 2}"
+        )
+    if model.capacity_factor != 0:
+        problems.append(
+            f"parallel.ep={ep} runs dropless experts only for now, and model.capacity_factor={model.capacity_factor} drops: pass model.capacity_factor=0"
+        )
+    return problems
+
+
 def _check_memory(cfg: DictConfig) -> list[str]:
     """Refuse a run that cannot fit, with the estimate (currytrain/estimate.py) and what to change."""
     from currytrain.estimate import GiB, device_memory, estimate_memory
@@ -233,6 +253,7 @@ CROSS_GROUP_CHECKS = (
     _check_rollback,
     _check_batch_split,
     _check_tensor_parallel,
+    _check_expert_parallel,
     _check_fabric_precision,
     _check_loggers,
 )

@@ -53,6 +53,8 @@ def _option_overrides(group: str, option: str, tmp_path: Path) -> list[str]:
         overrides.append("trainer.checkpoint_every=2")
     if group == "parallel" and option in ("tp", "hybrid"):  # tensor parallel splits the kv heads too: TINY has one
         overrides.append("model.n_kv_heads=2")
+    if (group, option) == ("parallel", "ep"):
+        overrides.append("model=moe")
     if (group, option) == ("data", "text"):
         text = tmp_path / "corpus"
         text.mkdir()

@@ -27,6 +27,7 @@ CURVE = [
     "optimizer.schedule.warmup_steps=2",
     "model.n_kv_heads=2",  # TINY's one kv head would not split over tp=2
 ]
+MOE = ["model=moe", "model.expert_hidden=32"]  # 4 experts, top-2, dropless: 2 experts per ep rank
 
 
 def grad_norms(run_dir) -> dict[int, float]:
@@ -39,8 +40,8 @@ def final_val(run_dir) -> float:
 
 @pytest.fixture(scope="module")
 def tp_runs(tmp_path_factory):
-    """One 2-worker launch trains tp@2 from scratch, then tp@2 resumed from a one-process checkpoint; a one-process
-    run gives the reference and then resumes from tp@2's checkpoint."""
+    """One 2-worker launch trains tp@2 from scratch, tp@2 resumed from a one-process checkpoint, and ep@2 (model=moe);
+    one-process runs give the references and then resume from tp@2's and ep@2's checkpoints."""
     register_configs()
 
     def compose_cfg(*overrides):
@@ -53,12 +54,15 @@ def tp_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("tp")
     try:
         single(compose_cfg, root / "single", *CURVE)
+        single(compose_cfg, root / "single_moe", *CURVE, *MOE)
         paths = [
             write_resolved(compose_cfg(*CURVE, "parallel=tp"), root / "tp"),
             write_resolved(compose_cfg(*CURVE, "parallel=tp", f"trainer.resume={root / 'single' / 'checkpoints' / 'step_5'}"), root / "tp_from_single"),
+            write_resolved(compose_cfg(*CURVE, *MOE, "parallel=ep"), root / "ep"),
         ]
         run_two_workers(paths)
         single(compose_cfg, root / "single_from_tp", *CURVE, f"trainer.resume={root / 'tp' / 'checkpoints' / 'step_5'}")
+        single(compose_cfg, root / "single_moe_from_ep", *CURVE, *MOE, f"trainer.resume={root / 'ep' / 'checkpoints' / 'step_5'}")
     finally:
         torch.set_num_threads(threads)
         GlobalHydra.instance().clear()
@@ -91,6 +95,34 @@ def test_tp2_checkpoints_resume_across_layouts(tp_runs):
         assert_same_curve(resumed, reference, name)
 
 
+@pytest.mark.slow
+def test_ep2_moe_curve_grad_norms_and_expert_load_equal_one_process(tp_runs):
+    reference = curve(tp_runs / "single_moe")
+    assert_same_curve(curve(tp_runs / "ep"), reference, "ep@2")
+    want = grad_norms(tp_runs / "single_moe")
+    for step, norm in grad_norms(tp_runs / "ep").items():  # the experts' share summed over both ranks
+        assert math.isclose(norm, want[step], rel_tol=1e-5), f"ep@2 step {step}: grad norm {norm} != one process {want[step]}"
+    # The expert load (and so the balance loss) counts the tokens of both ranks, not rank 0's half.
+    ours, theirs = metrics(tp_runs / "ep"), metrics(tp_runs / "single_moe")
+    loads = [key for key in theirs[1] if "/load/" in key]
+    assert len(loads) == 4
+    for step in theirs:
+        for key in loads:
+            assert math.isclose(ours[step][key], theirs[step][key], rel_tol=1e-6, abs_tol=1e-7), (step, key)
+    # ep@2 saved whole expert tensors (DTensor shards): one process resumes them and continues the curve.
+    resumed = curve(tp_runs / "single_moe_from_ep")
+    assert sorted(resumed) == list(range(6, STEPS + 1))
+    assert_same_curve(resumed, reference, "single_moe_from_ep")
+    # Each rank keeps half of the experts.
+    memory = next(e for e in read_journal(tp_runs / "ep" / "journal.jsonl") if e["type"] == "memory")["ranks"]
+    whole = next(e for e in read_journal(tp_runs / "single_moe" / "journal.jsonl") if e["type"] == "memory")["ranks"][0]
+    assert all(rank["params"] < whole["params"] for rank in memory), (memory, whole)
+
+
+def metrics(run_dir) -> dict[int, dict]:
+    return {event["step"]: event for event in read_journal(run_dir / "journal.jsonl") if event["type"] == "metrics"}
+
+
 BAD = [
     # (overrides, text the problems must contain)
     (["parallel=tp", "parallel.nproc=4", "parallel.tp=4"], ["parallel.tp=4 does not divide model.n_heads=2: choose parallel.tp in [2]"]),
@@ -101,6 +133,11 @@ BAD = [
     (["parallel=tp", "parallel.nproc=3"], ["cannot fill the world", "pass parallel.nproc=2"]),
     (["parallel=ddp", "parallel.nproc=4", "parallel.tp=2", "model.n_kv_heads=2"], ["DDP does not take tensor-parallel", "parallel=hybrid"]),
     (["parallel=hybrid", "parallel.pp=2"], ["parallel.pp=2: this model-parallel axis is not supported yet"]),
+    (["parallel=ep"], ["parallel.ep=2 shards the experts of a mixture-of-experts model", "pass model=moe"]),
+    (["parallel=ep", "model=moe", "model.num_experts=3", "model.top_k=1"], ["parallel.ep=2 does not divide model.num_experts=3: choose parallel.ep in [3]"]),
+    (["parallel=ep", "model=moe", "model.capacity_factor=1.25"], ["runs dropless experts only", "pass model.capacity_factor=0"]),
+    (["parallel=ep", "model=moe", "parallel.ep=4"], ["parallel.ep=4 splits the data-parallel ranks (2 here", "pass parallel.ep in [1, 2]"]),
+    (["parallel=ep", "model=moe", "parallel.zero_stage=3", "parallel.dp_shard=-1", "parallel.dp_replicate=1"], ["runs under DDP (zero_stage=0) for now"]),
 ]
 
 

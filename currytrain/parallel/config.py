@@ -1,6 +1,6 @@
 """Typed config of the parallel group (conf/parallel/): one schema, the degrees of every mesh axis.
 
-Every option (single, ddp, zero1, zero2, fsdp, hsdp, tp, hybrid) is a preset of the same ParallelConfig, so axes
+Every option (single, ddp, zero1, zero2, fsdp, hsdp, tp, ep, hybrid) is a preset of the same ParallelConfig, so axes
 compose instead of one class per strategy. The checks here are torch-free (they run at validation).
 """
 
@@ -40,7 +40,9 @@ class ParallelConfig:
     pp: int = 1
     """Pipeline-parallel stages. Only 1 for now."""
     ep: int = 1
-    """Expert-parallel degree (MoE). Only 1 for now."""
+    """Expert-parallel degree (model=moe): each MoE layer's experts are shared out over ep of the data-parallel ranks,
+    and tokens are sent to the rank owning their expert (all_to_all). No mesh axis of its own: it divides the
+    data-parallel ranks (ep=2 on 4 data-parallel ranks: 2 copies of each half of the experts). DDP only for now."""
     zero_stage: int = 0
     """What the data-parallel ranks split: 0 nothing (DDP), 1 optimizer state (ZeroRedundancyOptimizer),
     2 + gradients (fully_shard, parameters kept gathered between forward and backward), 3 + parameters (FSDP)."""

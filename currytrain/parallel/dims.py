@@ -11,11 +11,12 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-# Mesh axes, outermost first (torchtitan's order). The data-parallel ones and tp may exceed 1 for now.
+# Mesh axes, outermost first (torchtitan's order). ep is no axis of this mesh: it splits the data-parallel ranks
+# (see build_mesh). The data-parallel ones, tp and ep may exceed 1 for now.
 AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 DP_AXES = ("dp_replicate", "dp_shard")
 MODEL_AXES = ("cp", "tp", "pp", "ep")
-SUPPORTED_MODEL_AXES = ("tp",)
+SUPPORTED_MODEL_AXES = ("tp", "ep")
 
 
 def launched_world_size(nproc: int) -> int:
@@ -43,7 +44,9 @@ class ParallelDims:
             if axis in SUPPORTED_MODEL_AXES and node[axis] < 1:
                 problems.append(f"{path}.{axis}={node[axis]} must be >= 1: pass {path}.{axis}=1 (off) or a degree that divides the world size")
             elif axis not in SUPPORTED_MODEL_AXES and node[axis] != 1:
-                problems.append(f"{path}.{axis}={node[axis]}: this model-parallel axis is not supported yet (data parallel and tp are): pass {path}.{axis}=1")
+                problems.append(
+                    f"{path}.{axis}={node[axis]}: this model-parallel axis is not supported yet (data parallel, tp and ep are): pass {path}.{axis}=1"
+                )
         for axis in DP_AXES:
             if node[axis] < 1 and node[axis] != -1:
                 problems.append(f"{path}.{axis}={node[axis]} must be >= 1, or -1 for the rest of the world: pass {path}.{axis}=-1")
@@ -65,6 +68,15 @@ class ParallelDims:
         elif fixed != world_size:
             return [f"{degrees} = {fixed} processes, but {where}: pass {path}.nproc={fixed}, or degrees whose product is {world_size}"]
         dims = ParallelDims.resolve(node, world_size)
+        if dims.ep > 1 and (dims.dp_size % dims.ep or dims.dp_size != world_size):
+            return [
+                f"{path}.ep={node.ep} splits the data-parallel ranks ({dims.dp_size} here, of a world of {world_size}) and composes with data parallelism "
+                f"only for now: pass {path}.ep in {[d for d in range(1, dims.dp_size + 1) if dims.dp_size % d == 0]} with {path}.tp=1"
+            ]
+        if dims.ep > 1 and node.zero_stage != 0:
+            return [
+                f"{path}.ep={node.ep} runs under DDP (zero_stage=0) for now, not {path}.zero_stage={node.zero_stage}: pass parallel=ep, or {path}.zero_stage=0"
+            ]
         if dims.tp > 1 and node.zero_stage in (0, 1) and dims.dp_size > 1:
             return [
                 f"{path}.tp={node.tp} with {path}.zero_stage={node.zero_stage} over {dims.dp_size} data-parallel ranks: DDP does not take tensor-parallel "
@@ -99,4 +111,9 @@ class ParallelDims:
         views["dp"] = mesh[DP_AXES]._flatten("dp")
         # dp_shard alone is FSDP; with replicas too the 2-D view makes fully_shard HSDP.
         views["fsdp"] = mesh[DP_AXES] if self.dp_replicate > 1 else mesh["dp_shard"]
+        if self.ep > 1:
+            # Expert parallelism regroups the data-parallel ranks (the whole world: validation keeps ep to pure data
+            # parallelism) as (ep_replicate, ep): consecutive ranks share out the experts, every ep-th rank holds the same.
+            experts = init_device_mesh(device_type, (self.world_size // self.ep, self.ep), mesh_dim_names=("ep_replicate", "ep"))
+            views["ep"], views["ep_replicate"] = experts["ep"], experts["ep_replicate"]
         return mesh, views

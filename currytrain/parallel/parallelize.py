@@ -52,11 +52,14 @@ def parallelize_decoder(
     #    wrapper (checkpointing, FSDP) sees DTensor parameters already laid out on it.
     if state.dims is not None and state.dims.tp > 1:
         apply_tp(model, state.views["tp"])
-    # 2. Activation checkpointing: after TP so that recomputation replays the sharded ops; before compile
+    # 2. Expert parallelism (model=moe): each ep rank keeps its share of the experts; tokens travel to them.
+    if state.dims is not None and state.dims.ep > 1:
+        apply_ep(model, state)
+    # 3. Activation checkpointing: after TP so that recomputation replays the sharded ops; before compile
     #    and FSDP so that both see the checkpoint wrappers as the blocks.
     apply_ac(model, model_cfg.ac, model_cfg.ac_policy, model_cfg.ac_every)
-    # 3. torch.compile per block (lands with trainer.compile).
-    # 4. FSDP: fully_shard per block, then the root.
+    # 4. torch.compile per block (lands with trainer.compile).
+    # 5. FSDP: fully_shard per block, then the root.
     if zero_stage >= 2 and state.mesh is not None:
         apply_fsdp(model, state, reshard_after_forward=zero_stage == 3, param_dtype=param_dtype)
     return model
@@ -104,6 +107,21 @@ def apply_tp(model: nn.Module, tp_mesh) -> None:
         }
         parallelize_module(block, tp_mesh, plan)
     log.info("tensor parallel: %d blocks over tp=%d (sequence parallel norms, loss parallel readout)", len(model.layers), tp_mesh.size())
+
+
+def apply_ep(model: nn.Module, state: ParallelState) -> None:
+    """Expert parallelism on every MoE layer, in place: its experts become ExpertParallelExperts over the ep axis,
+    and its balance statistics count the tokens of every data-parallel rank (currytrain/parallel/expert.py)."""
+    from currytrain.model.moe import MoE
+    from currytrain.parallel.expert import ExpertParallelExperts, sum_counts
+
+    layers = [module for module in model.modules() if isinstance(module, MoE)]
+    if not layers:  # validation refuses other families first
+        raise TypeError(f"parallel.ep shards the experts of model=moe; {type(model).__name__} has no MoE layer")
+    for moe in layers:
+        moe.experts = ExpertParallelExperts(moe.experts, state.views["ep"], state.views["ep_replicate"], state.dp_size)
+        moe.reduce_counts = sum_counts(state.view("batch").get_group())
+    log.info("expert parallel: %d MoE layers, %d of %d experts per rank", len(layers), layers[0].experts.num_local, layers[0].num_experts)
 
 
 def apply_fsdp(model: nn.Module, state: ParallelState, reshard_after_forward: bool, param_dtype: torch.dtype | None = None) -> None:

@@ -114,7 +114,11 @@ class Parallel:
         if state.mesh is not None and self.zero_stage < 2 and state.dp_size > 1:  # one dp rank (tp only): nothing to all-reduce
             from torch.distributed._composable.replicate import replicate
 
-            replicate(model, process_group=state.view("batch").get_group())
+            # Expert-parallel experts are each rank's own (their gradients are handled in parallel/expert.py).
+            from currytrain.parallel.expert import ExpertParallelExperts
+
+            experts = [module for module in model.modules() if isinstance(module, ExpertParallelExperts)]
+            replicate(model, ignored_modules=experts, process_group=state.view("batch").get_group())
         return model
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, state: ParallelState) -> torch.optim.Optimizer:

@@ -28,6 +28,26 @@ def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
+def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """torch's clip_grad_norm_ (returns the global L2 norm before clipping), also over parameters that mix plain
+    tensors and DTensors of different meshes (expert parallelism shards the experts, DDP replicates the rest):
+    each kind's norm is taken apart, made whole (a sharded DTensor's norm sums every rank's part), then combined."""
+    kinds: dict[object, list[torch.Tensor]] = {}
+    for param in parameters:
+        if param.grad is not None:
+            kinds.setdefault(param.grad.device_mesh if isinstance(param.grad, DTensor) else None, []).append(param)
+    if len(kinds) <= 1:  # one kind (the usual case): torch's own, fused
+        return full(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
+    norms = [full(torch.nn.utils.get_total_norm([param.grad for param in group])) for group in kinds.values()]
+    total = torch.linalg.vector_norm(torch.stack(norms))
+    scale = max_norm / (total.item() + 1e-6)
+    if scale < 1:
+        for group in kinds.values():
+            for param in group:
+                param.grad.mul_(scale)
+    return total
+
+
 @dataclass
 class StepResult:
     loss: float
@@ -84,11 +104,8 @@ def run_accumulated_step(
 
     if scaler is not None:
         scaler.unscale_(optimizer)
-    # clip_grad_norm_ with an infinite bound measures the norm without changing the gradients.
-    max_norm = grad_clip if grad_clip > 0 else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    if isinstance(grad_norm, DTensor):  # FSDP: each rank holds part of the norm; the whole is needed here
-        grad_norm = grad_norm.full_tensor()
+    # An infinite bound measures the norm without changing the gradients.
+    grad_norm = clip_grad_norm(list(model.parameters()), grad_clip if grad_clip > 0 else float("inf"))
     # One device-to-host copy per step: the finiteness check needs it anyway, so the loss rides along.
     loss_value, norm_value = torch.stack([total_loss, grad_norm.to(total_loss.dtype)]).tolist()
     skipped = not math.isfinite(norm_value)
