@@ -32,7 +32,7 @@ from currytrain.trainer.config import TrainerConfig
 SCHEMAS: dict[str, dict[str, type]] = {
     "model": {"gqa": GQAConfig, "moe": MoEConfig, "spiking": SpikingConfig},
     "data": {"bytes": StdlibBytesConfig, "text": TextConfig, "synthetic": SyntheticConfig, "tokens": TokensConfig},
-    "parallel": {name: ParallelConfig for name in ("single", "ddp", "zero1", "zero2", "fsdp", "hsdp", "tp", "ep", "hybrid")},
+    "parallel": {name: ParallelConfig for name in ("single", "ddp", "zero1", "zero2", "fsdp", "hsdp", "tp", "ep", "cp", "hybrid")},
     "optimizer": {"adamw": AdamWConfig, "sgd": SGDConfig},
     "logger": {"tensorboard": TensorBoardConfig, "jsonl": JsonlConfig, "mlflow": MLflowConfig, "wandb": WandbConfig},
     "check": {

@@ -217,6 +217,23 @@ def _check_expert_parallel(cfg: DictConfig) -> list[str]:
     return problems
 
 
+def _check_context_parallel(cfg: DictConfig) -> list[str]:
+    """parallel.cp cuts each sequence into 2 * cp zig-zag chunks and rings causal attention over them (GQA)."""
+    if not _is(cfg.parallel, ParallelConfig) or not cfg.parallel.cp > 1:
+        return []
+    cp, model, seq_len = cfg.parallel.cp, cfg.model, cfg.data.seq_len
+    if not _is(model, GQAConfig):
+        return [f"parallel.cp={cp} rings the attention of the GQA decoder (model=gqa); {model._target_} has no context-parallel plan yet: pass parallel.cp=1"]
+    problems = []
+    if seq_len % (2 * cp):
+        problems.append(
+            f"parallel.cp={cp} cuts data.seq_len={seq_len} into {2 * cp} equal chunks, which it does not divide: pass data.seq_len={max(2 * cp, seq_len // (2 * cp) * 2 * cp)}"
+        )
+    if model.sliding_window:
+        problems.append(f"parallel.cp={cp} runs plain causal attention, not model.sliding_window={model.sliding_window}: pass model.sliding_window=0")
+    return problems
+
+
 def _check_memory(cfg: DictConfig) -> list[str]:
     """Refuse a run that cannot fit, with the estimate (currytrain/estimate.py) and what to change."""
     from currytrain.estimate import GiB, device_memory, estimate_memory
@@ -254,6 +271,7 @@ CROSS_GROUP_CHECKS = (
     _check_batch_split,
     _check_tensor_parallel,
     _check_expert_parallel,
+    _check_context_parallel,
     _check_fabric_precision,
     _check_loggers,
 )

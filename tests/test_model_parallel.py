@@ -1,6 +1,6 @@
 """Model parallelism for real: gloo, 2 worker processes, a tiny GQA decoder. Tensor parallel (with sequence and
-loss parallel) trains the same curve as one process, gradient norms included; its checkpoints resume on one process
-and one process's resume under tp."""
+loss parallel), expert parallel (model=moe) and context parallel (ring attention) train the same curve as one
+process, gradient norms included; their checkpoints resume across layouts. Ring attention alone equals SDPA."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def final_val(run_dir) -> float:
 
 @pytest.fixture(scope="module")
 def tp_runs(tmp_path_factory):
-    """One 2-worker launch trains tp@2 from scratch, tp@2 resumed from a one-process checkpoint, and ep@2 (model=moe);
+    """One 2-worker launch trains tp@2 from scratch, tp@2 resumed from a one-process checkpoint, ep@2 (model=moe) and cp@2;
     one-process runs give the references and then resume from tp@2's and ep@2's checkpoints."""
     register_configs()
 
@@ -59,6 +59,7 @@ def tp_runs(tmp_path_factory):
             write_resolved(compose_cfg(*CURVE, "parallel=tp"), root / "tp"),
             write_resolved(compose_cfg(*CURVE, "parallel=tp", f"trainer.resume={root / 'single' / 'checkpoints' / 'step_5'}"), root / "tp_from_single"),
             write_resolved(compose_cfg(*CURVE, *MOE, "parallel=ep"), root / "ep"),
+            write_resolved(compose_cfg(*CURVE, "parallel=cp"), root / "cp"),
         ]
         run_two_workers(paths)
         single(compose_cfg, root / "single_from_tp", *CURVE, f"trainer.resume={root / 'tp' / 'checkpoints' / 'step_5'}")
@@ -119,6 +120,16 @@ def test_ep2_moe_curve_grad_norms_and_expert_load_equal_one_process(tp_runs):
     assert all(rank["params"] < whole["params"] for rank in memory), (memory, whole)
 
 
+@pytest.mark.slow
+def test_cp2_ring_attention_trains_the_one_process_curve(tp_runs):
+    """Each rank sees its zig-zag half of every sequence; attention rings between them, RoPE at global positions."""
+    assert_same_curve(curve(tp_runs / "cp"), curve(tp_runs / "single"), "cp@2")
+    want = grad_norms(tp_runs / "single")
+    for step, norm in grad_norms(tp_runs / "cp").items():
+        assert math.isclose(norm, want[step], rel_tol=1e-5), f"cp@2 step {step}: grad norm {norm} != one process {want[step]}"
+    assert math.isclose(final_val(tp_runs / "cp"), final_val(tp_runs / "single"), rel_tol=1e-5)
+
+
 def metrics(run_dir) -> dict[int, dict]:
     return {event["step"]: event for event in read_journal(run_dir / "journal.jsonl") if event["type"] == "metrics"}
 
@@ -133,6 +144,10 @@ BAD = [
     (["parallel=tp", "parallel.nproc=3"], ["cannot fill the world", "pass parallel.nproc=2"]),
     (["parallel=ddp", "parallel.nproc=4", "parallel.tp=2", "model.n_kv_heads=2"], ["DDP does not take tensor-parallel", "parallel=hybrid"]),
     (["parallel=hybrid", "parallel.pp=2"], ["parallel.pp=2: this model-parallel axis is not supported yet"]),
+    (["parallel=cp", "data.seq_len=30"], ["parallel.cp=2 cuts data.seq_len=30 into 4 equal chunks", "pass data.seq_len=28"]),
+    (["parallel=cp", "model.sliding_window=8"], ["pass model.sliding_window=0"]),
+    (["parallel=cp", "model=moe"], ["has no context-parallel plan yet"]),
+    (["parallel=cp", "parallel.nproc=4", "parallel.tp=2", "model.n_kv_heads=2"], ["parallel.cp=2 composes with DDP (zero_stage=0) only"]),
     (["parallel=ep"], ["parallel.ep=2 shards the experts of a mixture-of-experts model", "pass model=moe"]),
     (["parallel=ep", "model=moe", "model.num_experts=3", "model.top_k=1"], ["parallel.ep=2 does not divide model.num_experts=3: choose parallel.ep in [3]"]),
     (["parallel=ep", "model=moe", "model.capacity_factor=1.25"], ["runs dropless experts only", "pass model.capacity_factor=0"]),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -112,6 +113,8 @@ class Attention(nn.Module):
         self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
         self.q_norm = RMSNorm(self.head_dim, norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, norm_eps) if qk_norm else None
+        self.core: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float | None], torch.Tensor] | None = None
+        """Causal attention of (q, k, v, scale) in place of SDPA; set from outside (context parallelism's ring)."""
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, seq_len, _ = x.shape
@@ -127,7 +130,9 @@ class Attention(nn.Module):
             groups = self.n_heads // self.n_kv_heads
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
-        if self.sliding_window and seq_len > self.sliding_window:
+        if self.core is not None:
+            out = self.core(q, k, v, self.softmax_scale)
+        elif self.sliding_window and seq_len > self.sliding_window:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=self._window_mask(seq_len, x.device), scale=self.softmax_scale)
         else:  # the window covers the sequence: plain causal attention keeps the fused kernels
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)

@@ -1,6 +1,6 @@
 """Typed config of the parallel group (conf/parallel/): one schema, the degrees of every mesh axis.
 
-Every option (single, ddp, zero1, zero2, fsdp, hsdp, tp, ep, hybrid) is a preset of the same ParallelConfig, so axes
+Every option (single, ddp, zero1, zero2, fsdp, hsdp, tp, ep, cp, hybrid) is a preset of the same ParallelConfig, so axes
 compose instead of one class per strategy. The checks here are torch-free (they run at validation).
 """
 
@@ -32,7 +32,8 @@ class ParallelConfig:
     dp_shard: int = 1
     """Data-parallel ranks that shard parameters/gradients between them (ZeRO-2/3, FSDP2). -1: the rest of the world."""
     cp: int = 1
-    """Context-parallel degree (sequence split). Only 1 for now."""
+    """Context-parallel degree (model=gqa): each sequence is cut into 2 * cp chunks, each rank holds two (zig-zag, for
+    causal balance), and causal attention runs as a ring over the cp ranks. DDP only for now."""
     tp: int = 1
     """Tensor-parallel degree: each block's attention heads and MLP width are split over tp ranks (DTensor column/row
     parallel), the norms and the residual stream over the sequence (sequence parallel), the loss over the vocabulary

@@ -10,7 +10,9 @@ skipped) and merges the result into a running output with the online-softmax rul
 backward runs the same ring: key/value shards travel with their gradient accumulators, which return home full.
 
 Torch's own context_parallel fails for causal attention on CPU (probed with torch 2.13); this one runs on gloo.
-Not yet wired into the decoders: parallel.cp is refused at validation (see docs/parallelism.md).
+apply_cp puts it into a GQA decoder: each Attention's core becomes the ring, and each block's RoPE tables are
+indexed by the global positions of this rank's shard. The trainer hands each rank its zig-zag share of every
+sequence (ParallelState.shard_sequence).
 """
 
 from __future__ import annotations
@@ -33,6 +35,23 @@ def zigzag_shard(x: torch.Tensor, dim: int, rank: int, cp: int) -> torch.Tensor:
 def zigzag_positions(seq_len: int, rank: int, cp: int) -> torch.Tensor:
     """The global positions of this rank's share (what RoPE must rotate by)."""
     return zigzag_shard(torch.arange(seq_len), 0, rank, cp)
+
+
+def apply_cp(model: torch.nn.Module, cp_mesh) -> None:
+    """Context parallelism on a decoder whose blocks hold an `attention` (GQA), in place, over the 1-D `cp_mesh`."""
+    group, rank, cp = cp_mesh.get_group(), cp_mesh.get_local_rank(), cp_mesh.size()
+
+    def core(q, k, v, scale):
+        return ring_attention(q, k, v, group, scale)
+
+    def rope_at_shard_positions(block, args):
+        h, cos, sin = args
+        positions = zigzag_positions(h.shape[1] * cp, rank, cp).to(cos.device)
+        return h, cos[positions], sin[positions]
+
+    for block in model.layers:
+        block.attention.core = core
+        block.register_forward_pre_hook(rope_at_shard_positions)
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup, scale: float | None = None) -> torch.Tensor:

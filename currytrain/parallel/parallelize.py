@@ -52,14 +52,19 @@ def parallelize_decoder(
     #    wrapper (checkpointing, FSDP) sees DTensor parameters already laid out on it.
     if state.dims is not None and state.dims.tp > 1:
         apply_tp(model, state.views["tp"])
-    # 2. Expert parallelism (model=moe): each ep rank keeps its share of the experts; tokens travel to them.
+    # 2. Context parallelism: ring attention over the cp ranks' sequence shards, RoPE at their global positions.
+    if state.dims is not None and state.dims.cp > 1:
+        from currytrain.parallel.context import apply_cp
+
+        apply_cp(model, state.views["cp"])
+    # 3. Expert parallelism (model=moe): each ep rank keeps its share of the experts; tokens travel to them.
     if state.dims is not None and state.dims.ep > 1:
         apply_ep(model, state)
-    # 3. Activation checkpointing: after TP so that recomputation replays the sharded ops; before compile
+    # 4. Activation checkpointing: after TP so that recomputation replays the sharded ops; before compile
     #    and FSDP so that both see the checkpoint wrappers as the blocks.
     apply_ac(model, model_cfg.ac, model_cfg.ac_policy, model_cfg.ac_every)
-    # 4. torch.compile per block (lands with trainer.compile).
-    # 5. FSDP: fully_shard per block, then the root.
+    # 5. torch.compile per block (lands with trainer.compile).
+    # 6. FSDP: fully_shard per block, then the root.
     if zero_stage >= 2 and state.mesh is not None:
         apply_fsdp(model, state, reshard_after_forward=zero_stage == 3, param_dtype=param_dtype)
     return model

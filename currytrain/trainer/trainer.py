@@ -175,7 +175,8 @@ class Trainer:
 
     def batch(self, split: str, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's slice of the global batch (trainer.batch_size sequences) of `step`."""
-        return self.data.batch(split, step, micro, self.cfg.batch_size, rank=self.state.dp_rank, num_ranks=self.state.dp_size)
+        inputs, targets = self.data.batch(split, step, micro, self.cfg.batch_size, rank=self.state.dp_rank, num_ranks=self.state.dp_size)
+        return self.state.shard_sequence(inputs), self.state.shard_sequence(targets)  # context parallel: its share of positions
 
     def act_on(self, decision: Decision) -> None:
         if decision.action is Action.STOP:
