@@ -4,6 +4,7 @@ process, gradient norms included; their checkpoints resume across layouts. Ring 
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -176,3 +177,33 @@ def test_ring_attention_equals_full_sequence_sdpa(cp):
     assert len(errors) == cp
     for rank, worst in errors.items():
         assert max(worst.values()) < 1e-5, (rank, worst)
+
+
+@pytest.mark.slow
+def test_advisor_predicts_the_measured_state_bytes_per_rank(tp_runs, compose_cfg):
+    """The advisor's parameters + gradients + optimizer state per rank, against what each rank of the runs above held
+    (their journaled memory event), within 20%: one process, tp@2 and ep@2."""
+    from currytrain.parallel.advise import Layout, count_split_parameters, predict
+
+    cases = {"single": ([], Layout(1, 0)), "tp": (["parallel=tp"], Layout(1, 0, tp=2)), "ep": ([*MOE, "parallel=ep"], Layout(2, 0, ep=2))}
+    for name, (overrides, layout) in cases.items():
+        cfg = compose_cfg(*CURVE, *overrides)
+        predicted = predict(cfg, layout, *count_split_parameters(cfg.model))
+        ranks = next(e for e in read_journal(tp_runs / name / "journal.jsonl") if e["type"] == "memory")["ranks"]
+        measured = max(rank["params"] + rank["grads"] + rank["optimizer"] for rank in ranks)
+        state = predicted.params + predicted.grads + predicted.optimizer
+        assert abs(state - measured) <= 0.2 * measured, f"{name}: predicted {state} bytes of state per rank, measured {measured}"
+
+
+def test_advise_command_prints_a_table_and_json(capsys):
+    from currytrain.cli import main
+
+    assert main(["advise", "--gpus", "8", "--gpu-mem", "64MiB", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    by_name = {row["layout"]: row for row in result["layouts"]}
+    # The ZeRO ladder shards what it says: optimizer state, then gradients, then parameters.
+    assert by_name["zero18"]["optimizer"] * 8 == pytest.approx(by_name["ddp8"]["optimizer"], rel=1e-6)
+    assert by_name["zero28"]["grads"] < by_name["zero18"]["grads"] and by_name["fsdp8"]["params"] < by_name["zero28"]["params"]
+    assert by_name["fsdp4 x tp2"]["comm_bytes"] > 0 and result["recommended"] in by_name and result["reasons"]
+    assert main(["advise", "--gpus", "2"]) == 0
+    assert "per-rank memory" in capsys.readouterr().out
