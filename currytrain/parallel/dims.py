@@ -79,10 +79,10 @@ class ParallelDims:
             return [
                 f"{path}.ep={node.ep} runs under DDP (zero_stage=0) for now, not {path}.zero_stage={node.zero_stage}: pass parallel=ep, or {path}.zero_stage=0"
             ]
-        if dims.tp > 1 and node.zero_stage in (0, 1) and dims.dp_size > 1:
+        if dims.tp > 1 and (node.zero_stage == 1 or (node.zero_stage == 0 and dims.dp_size > 1)):
             return [
-                f"{path}.tp={node.tp} with {path}.zero_stage={node.zero_stage} over {dims.dp_size} data-parallel ranks: DDP does not take tensor-parallel "
-                f"(DTensor) parameters; pass parallel=hybrid (FSDP over the data-parallel ranks: {path}.zero_stage=3 {path}.dp_shard=-1 {path}.dp_replicate=1)"
+                f"{path}.tp={node.tp} with {path}.zero_stage={node.zero_stage} over {dims.dp_size} data-parallel ranks: DDP and ZeRO-1 do not take "
+                f"tensor-parallel (DTensor) parameters; pass parallel=hybrid (FSDP over the data-parallel ranks: {path}.zero_stage=3 {path}.dp_shard=-1 {path}.dp_replicate=1)"
             ]
         return []
 
