@@ -134,7 +134,9 @@ def step_benchmark(cfg: DictConfig, steps: int = 20, warmup: int = 3) -> dict[st
     for index, microbatches in enumerate(batches):
         _synchronize(device)
         tic = time.perf_counter()
-        run_accumulated_step(parts.model, parts.optimizer, microbatches, grad_clip=trainer.grad_clip, autocast_dtype=parts.autocast_dtype)
+        run_accumulated_step(
+            parts.model, parts.optimizer, microbatches, grad_clip=trainer.grad_clip, autocast_dtype=parts.autocast_dtype, loss_context=parts.state.loss_context
+        )
         _synchronize(device)
         if index >= warmup:
             times.append(time.perf_counter() - tic)

@@ -178,7 +178,30 @@ def _add_estimate(commands: argparse._SubParsersAction) -> None:
     estimate.set_defaults(handler=_estimate)
 
 
+def _advise(args: argparse.Namespace) -> None:
+    from currytrain.benchmark import compose_config
+    from currytrain.estimate import device_memory
+    from currytrain.parallel.advise import advise, parse_bytes, print_advice
+    from currytrain.parallel.dims import launched_world_size
+
+    cfg = compose_config(args.overrides)
+    world = args.gpus or launched_world_size(cfg.parallel.nproc)
+    memory = parse_bytes(args.gpu_mem) if args.gpu_mem else device_memory(cfg.trainer.device)[0]
+    result = advise(cfg, world, memory)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    print_advice(result)
+
+
 def _add_runs(commands: argparse._SubParsersAction) -> None:
+    advise = commands.add_parser("advise", help="predict per-rank memory and communication of parallel layouts, and what to add next")
+    advise.add_argument("overrides", nargs="*", help="launch.py overrides, e.g. model/size=small data.seq_len=4096")
+    advise.add_argument("--gpus", type=int, default=0, help="ranks to plan for (default: the config's world size)")
+    advise.add_argument("--gpu-mem", default=None, help="memory per rank, e.g. 80GiB (default: this machine's device or RAM)")
+    advise.add_argument("--json", action="store_true", help="print the predictions as JSON")
+    advise.set_defaults(handler=_advise)
+
     bench = commands.add_parser("bench", help="time training steps of a config: tokens/s, MFU, forward/backward/optimizer split")
     bench.add_argument("overrides", nargs="*", help="launch.py overrides, e.g. model/size=small trainer.precision=bf16")
     bench.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")

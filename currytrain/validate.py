@@ -21,10 +21,11 @@ from omegaconf.errors import OmegaConfBaseException
 from currytrain.build import target_problems
 from currytrain.data.config import BYTE_VOCAB, DigitsConfig, TabularConfig
 from currytrain.errors import ConfigError, ConfigRejected
-from currytrain.model.config import DecoderConfig, MLPConfig
+from currytrain.model.config import DecoderConfig, GQAConfig, MLPConfig, MoEConfig
 from currytrain.optim.config import AdamWConfig
 from currytrain.parallel.config import ParallelConfig
 from currytrain.parallel.dims import ParallelDims, launched_world_size
+from currytrain.rules import divisors
 from currytrain.weights import architecture_mismatch, model_node_of, resume_checkpoint, safetensors_problem
 
 
@@ -189,6 +190,71 @@ def _check_batch_split(cfg: DictConfig) -> list[str]:
     return []
 
 
+def _check_tensor_parallel(cfg: DictConfig) -> list[str]:
+    """parallel.tp splits attention heads (query and key/value alike), the MLP's hidden width and, sequence-parallel,
+    the sequence between blocks: each must divide by tp. The plan is written for the GQA family."""
+    if not _is(cfg.parallel, ParallelConfig) or not cfg.parallel.tp > 1:
+        return []
+    tp, model = cfg.parallel.tp, cfg.model
+    if not _is(model, GQAConfig):
+        return [f"parallel.tp={tp} shards the GQA decoder (model=gqa); {model._target_} has no tensor-parallel plan yet: pass parallel.tp=1"]
+    problems = []
+    for key in ("n_heads", "n_kv_heads", "mlp_hidden"):
+        if model[key] % tp:
+            fits = [d for d in divisors(model[key]) if d > 1]
+            problems.append(
+                f"parallel.tp={tp} does not divide model.{key}={model[key]}: choose parallel.tp in {fits or [1]}, or a model.{key} that {tp} divides"
+            )
+    if cfg.data.seq_len % tp:
+        problems.append(
+            f"parallel.tp={tp} does not divide data.seq_len={cfg.data.seq_len} (sequence parallel splits it): pass data.seq_len={cfg.data.seq_len // tp * tp}"
+        )
+    if model.qk_norm:
+        problems.append(f"parallel.tp={tp} with model.qk_norm=true is not supported yet (its norms would see a share of the heads): pass model.qk_norm=false")
+    if model.tie_embeddings:
+        problems.append(
+            f"parallel.tp={tp} with model.tie_embeddings=true is not supported (the tied weight would be sharded twice): pass model.tie_embeddings=false"
+        )
+    return problems
+
+
+def _check_expert_parallel(cfg: DictConfig) -> list[str]:
+    """parallel.ep shares out each MoE layer's experts evenly; tokens travel to them dropless."""
+    if not _is(cfg.parallel, ParallelConfig) or not cfg.parallel.ep > 1:
+        return []
+    ep, model = cfg.parallel.ep, cfg.model
+    if not _is(model, MoEConfig):
+        return [f"parallel.ep={ep} shards the experts of a mixture-of-experts model, and {model._target_} has none: pass model=moe, or parallel.ep=1"]
+    problems = []
+    if model.num_experts % ep:
+        fits = [d for d in divisors(model.num_experts) if d > 1]
+        problems.append(
+            f"parallel.ep={ep} does not divide model.num_experts={model.num_experts}: choose parallel.ep in {fits or [1]}, or model.num_experts={ep * 2}"
+        )
+    if model.capacity_factor != 0:
+        problems.append(
+            f"parallel.ep={ep} runs dropless experts only for now, and model.capacity_factor={model.capacity_factor} drops: pass model.capacity_factor=0"
+        )
+    return problems
+
+
+def _check_context_parallel(cfg: DictConfig) -> list[str]:
+    """parallel.cp cuts each sequence into 2 * cp zig-zag chunks and rings causal attention over them (GQA)."""
+    if not _is(cfg.parallel, ParallelConfig) or not cfg.parallel.cp > 1:
+        return []
+    cp, model, seq_len = cfg.parallel.cp, cfg.model, cfg.data.seq_len
+    if not _is(model, GQAConfig):
+        return [f"parallel.cp={cp} rings the attention of the GQA decoder (model=gqa); {model._target_} has no context-parallel plan yet: pass parallel.cp=1"]
+    problems = []
+    if seq_len % (2 * cp):
+        problems.append(
+            f"parallel.cp={cp} cuts data.seq_len={seq_len} into {2 * cp} equal chunks, which it does not divide: pass data.seq_len={max(2 * cp, seq_len // (2 * cp) * 2 * cp)}"
+        )
+    if model.sliding_window:
+        problems.append(f"parallel.cp={cp} runs plain causal attention, not model.sliding_window={model.sliding_window}: pass model.sliding_window=0")
+    return problems
+
+
 def _check_memory(cfg: DictConfig) -> list[str]:
     """Refuse a run that cannot fit, with the estimate (currytrain/estimate.py) and what to change."""
     from currytrain.estimate import GiB, device_memory, estimate_memory
@@ -218,7 +284,18 @@ def _check_loggers(cfg: DictConfig) -> list[str]:
     return [] if cfg.logger else ["logger is empty: pass logger=[tensorboard,jsonl] (or at least one logger)"]
 
 
-CROSS_GROUP_CHECKS = (_check_model_and_data, _check_schedule, _check_init_from, _check_rollback, _check_batch_split, _check_fabric_precision, _check_loggers)
+CROSS_GROUP_CHECKS = (
+    _check_model_and_data,
+    _check_schedule,
+    _check_init_from,
+    _check_rollback,
+    _check_batch_split,
+    _check_tensor_parallel,
+    _check_expert_parallel,
+    _check_context_parallel,
+    _check_fabric_precision,
+    _check_loggers,
+)
 
 
 def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:

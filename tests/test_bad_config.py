@@ -42,7 +42,7 @@ BAD_CONFIGS = [
     (["parallel=ddp", "parallel.dp_replicate=3"], ["parallel.dp_replicate=3 x parallel.dp_shard=1 = 3 processes, but the world size is 2 (parallel.nproc=2)"]),
     (["parallel=hsdp", "parallel.nproc=6", "parallel.dp_replicate=4"], ["cannot fill the world", "pass parallel.nproc=4"]),
     (["parallel=ddp", "parallel.dp_shard=2"], ["parallel.zero_stage=0 replicates the model", "parallel.dp_shard=2"]),
-    (["parallel=fsdp", "parallel.tp=2"], ["parallel.tp=2: model-parallel axes are not supported yet"]),
+    (["parallel=tp"], ["parallel.tp=2 does not divide model.n_kv_heads=1", "choose parallel.tp in [1]"]),
     (["parallel=fsdp", "parallel.runtime=fabric"], ["parallel.runtime=fabric", "pass parallel.runtime=torch"]),
     (["parallel.runtime=fabric", "trainer.precision=fp16"], ["trainer.precision=fp16 with parallel.runtime=fabric", "trainer.precision=bf16"]),
     (["parallel=ddp", "trainer.batch_size=3"], ["trainer.batch_size=3 (the global batch) does not split evenly over 2 data-parallel ranks"]),

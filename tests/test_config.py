@@ -69,6 +69,10 @@ def _option_overrides(group: str, option: str, tmp_path: Path) -> list[str]:
         return overrides
     if (group, option) == ("abort", "strict"):  # rollback needs checkpoints to go back to
         overrides.append("trainer.checkpoint_every=2")
+    if group == "parallel" and option in ("tp", "hybrid"):  # tensor parallel splits the kv heads too: TINY has one
+        overrides.append("model.n_kv_heads=2")
+    if (group, option) == ("parallel", "ep"):
+        overrides.append("model=moe")
     if (group, option) == ("data", "text"):
         text = tmp_path / "corpus"
         text.mkdir()

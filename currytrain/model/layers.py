@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -158,12 +159,15 @@ class Attention(nn.Module):
         self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
         self.q_norm = RMSNorm(self.head_dim, norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, norm_eps) if qk_norm else None
+        self.core: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float | None], torch.Tensor] | None = None
+        """Causal attention of (q, k, v, scale) in place of SDPA; set from outside (context parallelism's ring)."""
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, seq_len, _ = x.shape
-        q = self.wq(x).view(batch, seq_len, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(batch, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(batch, seq_len, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        # -1 heads: under tensor parallelism each rank holds n_heads / tp of them (and as many kv heads per group).
+        q = self.wq(x).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -172,7 +176,9 @@ class Attention(nn.Module):
             groups = self.n_heads // self.n_kv_heads
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
-        if self.sliding_window and seq_len > self.sliding_window:
+        if self.core is not None:
+            out = self.core(q, k, v, self.softmax_scale)
+        elif self.sliding_window and seq_len > self.sliding_window:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=self._window_mask(seq_len, x.device), scale=self.softmax_scale)
         else:  # the window covers the sequence: plain causal attention keeps the fused kernels
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)

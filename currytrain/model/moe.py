@@ -14,6 +14,7 @@ One MoE layer, for the T tokens of a forward pass:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -39,16 +40,19 @@ class Routing:
     """(T, E) raw router scores: what the z-loss penalises."""
 
 
-def load_balancing_loss(probs: torch.Tensor, indices: torch.Tensor, num_experts: int) -> torch.Tensor:
+def load_balancing_loss(probs: torch.Tensor, indices: torch.Tensor, num_experts: int, counts: torch.Tensor | None = None) -> torch.Tensor:
     """Switch/GShard balance loss E * sum_i f_i * P_i.
 
     f_i is the share of the T * top_k assignments sent to expert i (counted before any dropping; not
     differentiable), P_i the mean router probability of expert i (differentiable). Normalising f by
     T * top_k rather than T makes the loss 1.0 for a perfectly balanced routing whatever top_k is, and
     larger the more the router favours the experts it already overloads.
+    counts: the (E,) assignments per expert f is computed from, when not these tokens' own (data/expert
+    parallelism passes the global batch's, so that the mean of every rank's loss is the global batch's loss).
     """
-    counts = torch.bincount(indices.flatten(), minlength=num_experts)
-    fraction = counts.to(probs.dtype) / indices.numel()
+    if counts is None:
+        counts = torch.bincount(indices.flatten(), minlength=num_experts)
+    fraction = counts.to(probs.dtype) / counts.sum()
     return num_experts * torch.sum(fraction * probs.mean(0))
 
 
@@ -214,6 +218,9 @@ class MoE(nn.Module):
         self.experts = GroupedExperts(num_experts, dim, expert_hidden)
         self.shared_expert = SwiGLU(dim, shared_hidden) if shared_hidden > 0 else None
         self.stats: MoEStats | None = None
+        self.reduce_counts: Callable[[torch.Tensor], torch.Tensor] | None = None
+        """Set from outside under data/expert parallelism: turns this rank's per-expert counts into the global
+        batch's, which the balance loss and the load metrics then use."""
 
     def capacity(self, num_tokens: int) -> int | None:
         """Slots per expert for a forward pass over num_tokens tokens; None when dropless."""
@@ -238,10 +245,11 @@ class MoE(nn.Module):
         y = torch.zeros(num_tokens, dim, dtype=out.dtype, device=x.device).index_add(0, dispatch.token, contributions)
         if self.shared_expert is not None:
             y = y + self.shared_expert(x)
+        counts = dispatch.counts if self.reduce_counts is None else self.reduce_counts(dispatch.counts)
         self.stats = MoEStats(
-            aux_loss=load_balancing_loss(routing.probs, routing.indices, self.num_experts),
+            aux_loss=load_balancing_loss(routing.probs, routing.indices, self.num_experts, counts),
             z_loss=router_z_loss(routing.logits),
-            load=(dispatch.counts.float() / dispatch.token.numel()).detach(),
+            load=(counts.float() / counts.sum()).detach(),
             drop_rate=(dispatch.num_dropped.float() / dispatch.token.numel()).detach(),
         )
         return y.to(x.dtype).view(shape)

@@ -6,6 +6,7 @@ import math
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from currytrain.errors import ConfigError
 from currytrain.model.hooks import HasMuP, HiddenMatrices
@@ -42,6 +43,9 @@ def build_adamw(model: nn.Module, lr: float, betas, eps: float, weight_decay: fl
     if implementation == "auto":
         devices = {param.device.type for param in model.parameters()}
         implementation = "fused" if devices <= set(FUSED_DEVICES) else "foreach"
+        # Expert parallelism leaves DTensor experts beside plain parameters; the multi-tensor kernels take one kind.
+        if len({isinstance(param, DTensor) for param in model.parameters()}) > 1:
+            implementation = "for_loop"
     kernel = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for_loop": {"foreach": False}}[implementation]
     return torch.optim.AdamW(param_groups(model, weight_decay, lr), lr=lr, betas=tuple(betas), eps=eps, **kernel)
 

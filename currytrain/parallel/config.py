@@ -1,6 +1,6 @@
 """Typed config of the parallel group (conf/parallel/): one schema, the degrees of every mesh axis.
 
-Every option (single, ddp, zero1, zero2, fsdp, hsdp) is a preset of the same ParallelConfig, so axes
+Every option (single, ddp, zero1, zero2, fsdp, hsdp, tp, ep, cp, hybrid) is a preset of the same ParallelConfig, so axes
 compose instead of one class per strategy. The checks here are torch-free (they run at validation).
 """
 
@@ -32,13 +32,18 @@ class ParallelConfig:
     dp_shard: int = 1
     """Data-parallel ranks that shard parameters/gradients between them (ZeRO-2/3, FSDP2). -1: the rest of the world."""
     cp: int = 1
-    """Context-parallel degree (sequence split). Only 1 for now."""
+    """Context-parallel degree (model=gqa): each sequence is cut into 2 * cp chunks, each rank holds two (zig-zag, for
+    causal balance), and causal attention runs as a ring over the cp ranks. DDP only for now."""
     tp: int = 1
-    """Tensor-parallel degree. Only 1 for now."""
+    """Tensor-parallel degree: each block's attention heads and MLP width are split over tp ranks (DTensor column/row
+    parallel), the norms and the residual stream over the sequence (sequence parallel), the loss over the vocabulary
+    (loss parallel). The tp ranks of a group see the same batch. model=gqa; tp divides its heads and mlp_hidden."""
     pp: int = 1
     """Pipeline-parallel stages. Only 1 for now."""
     ep: int = 1
-    """Expert-parallel degree (MoE). Only 1 for now."""
+    """Expert-parallel degree (model=moe): each MoE layer's experts are shared out over ep of the data-parallel ranks,
+    and tokens are sent to the rank owning their expert (all_to_all). No mesh axis of its own: it divides the
+    data-parallel ranks (ep=2 on 4 data-parallel ranks: 2 copies of each half of the experts). DDP only for now."""
     zero_stage: int = 0
     """What the data-parallel ranks split: 0 nothing (DDP), 1 optimizer state (ZeroRedundancyOptimizer),
     2 + gradients (fully_shard, parameters kept gathered between forward and backward), 3 + parameters (FSDP)."""

@@ -11,10 +11,12 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-# Mesh axes, outermost first (torchtitan's order). Only the data-parallel ones may exceed 1 for now.
+# Mesh axes, outermost first (torchtitan's order). ep is no axis of this mesh: it splits the data-parallel ranks
+# (see build_mesh). Only pp must be 1 for now.
 AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 DP_AXES = ("dp_replicate", "dp_shard")
 MODEL_AXES = ("cp", "tp", "pp", "ep")
+SUPPORTED_MODEL_AXES = ("tp", "ep", "cp")
 
 
 def launched_world_size(nproc: int) -> int:
@@ -39,8 +41,12 @@ class ParallelDims:
         """Every problem of the degrees in `node` (a parallel config) for a job of `world_size` processes."""
         problems = []
         for axis in MODEL_AXES:
-            if node[axis] != 1:
-                problems.append(f"{path}.{axis}={node[axis]}: model-parallel axes are not supported yet (only data parallelism): pass {path}.{axis}=1")
+            if axis in SUPPORTED_MODEL_AXES and node[axis] < 1:
+                problems.append(f"{path}.{axis}={node[axis]} must be >= 1: pass {path}.{axis}=1 (off) or a degree that divides the world size")
+            elif axis not in SUPPORTED_MODEL_AXES and node[axis] != 1:
+                problems.append(
+                    f"{path}.{axis}={node[axis]}: this model-parallel axis is not supported yet (data parallel, tp, ep and cp are): pass {path}.{axis}=1"
+                )
         for axis in DP_AXES:
             if node[axis] < 1 and node[axis] != -1:
                 problems.append(f"{path}.{axis}={node[axis]} must be >= 1, or -1 for the rest of the world: pass {path}.{axis}=-1")
@@ -55,12 +61,29 @@ class ParallelDims:
             return problems
         fixed = math.prod(max(node[axis], 1) for axis in (*DP_AXES, "cp", "tp", "pp"))
         where = f"the world size is {world_size} ({'WORLD_SIZE' if 'WORLD_SIZE' in os.environ else f'{path}.nproc={node.nproc}'})"
-        degrees = " x ".join(f"{path}.{axis}={node[axis]}" for axis in DP_AXES)
+        degrees = " x ".join(f"{path}.{axis}={node[axis]}" for axis in (*DP_AXES, "tp") if axis != "tp" or node.tp > 1)
         if -1 in (node.dp_replicate, node.dp_shard):
             if world_size % fixed:
                 return [f"{degrees} cannot fill the world: {where}, which {fixed} does not divide: pass {path}.nproc={fixed} (or a multiple)"]
         elif fixed != world_size:
             return [f"{degrees} = {fixed} processes, but {where}: pass {path}.nproc={fixed}, or degrees whose product is {world_size}"]
+        dims = ParallelDims.resolve(node, world_size)
+        if dims.ep > 1 and (dims.dp_size % dims.ep or dims.dp_size != world_size):
+            return [
+                f"{path}.ep={node.ep} splits the data-parallel ranks ({dims.dp_size} here, of a world of {world_size}) and composes with data parallelism "
+                f"only for now: pass {path}.ep in {[d for d in range(1, dims.dp_size + 1) if dims.dp_size % d == 0]} with {path}.tp=1"
+            ]
+        if dims.cp > 1 and (dims.tp > 1 or dims.ep > 1 or node.zero_stage != 0):
+            return [f"{path}.cp={node.cp} composes with DDP (zero_stage=0) only for now: pass parallel=cp, or {path}.tp=1 {path}.ep=1 {path}.zero_stage=0"]
+        if dims.ep > 1 and node.zero_stage != 0:
+            return [
+                f"{path}.ep={node.ep} runs under DDP (zero_stage=0) for now, not {path}.zero_stage={node.zero_stage}: pass parallel=ep, or {path}.zero_stage=0"
+            ]
+        if dims.tp > 1 and (node.zero_stage == 1 or (node.zero_stage == 0 and dims.dp_size > 1)):
+            return [
+                f"{path}.tp={node.tp} with {path}.zero_stage={node.zero_stage} over {dims.dp_size} data-parallel ranks: DDP and ZeRO-1 do not take "
+                f"tensor-parallel (DTensor) parameters; pass parallel=hybrid (FSDP over the data-parallel ranks: {path}.zero_stage=3 {path}.dp_shard=-1 {path}.dp_replicate=1)"
+            ]
         return []
 
     @classmethod
@@ -77,7 +100,8 @@ class ParallelDims:
 
     def build_mesh(self, device_type: str) -> tuple[Any, dict[str, Any]]:
         """The job's one DeviceMesh (axes pp, dp_replicate, dp_shard, cp, tp) and its views by name: each
-        axis, `dp` (both data-parallel axes flattened) and `fsdp` (what fully_shard shards over).
+        axis, `dp` (both data-parallel axes flattened), `loss` (dp and cp flattened) and `fsdp` (what fully_shard
+        shards over); with ep, `ep` and `ep_replicate` from a second mesh over the same ranks.
 
         init_device_mesh creates every process group the job uses; nothing else calls dist.new_group.
         """
@@ -88,6 +112,13 @@ class ParallelDims:
         views = {axis: mesh[axis] for axis in AXES}
         # The batch is split over both data-parallel axes together; losses are averaged over the same ranks.
         views["dp"] = mesh[DP_AXES]._flatten("dp")
+        # Context parallelism splits each sequence as well: a loss (and the gradients) is averaged over dp x cp.
+        views["loss"] = mesh[(*DP_AXES, "cp")]._flatten("dp_cp") if self.cp > 1 else views["dp"]
         # dp_shard alone is FSDP; with replicas too the 2-D view makes fully_shard HSDP.
         views["fsdp"] = mesh[DP_AXES] if self.dp_replicate > 1 else mesh["dp_shard"]
+        if self.ep > 1:
+            # Expert parallelism regroups the data-parallel ranks (the whole world: validation keeps ep to pure data
+            # parallelism) as (ep_replicate, ep): consecutive ranks share out the experts, every ep-th rank holds the same.
+            experts = init_device_mesh(device_type, (self.world_size // self.ep, self.ep), mesh_dim_names=("ep_replicate", "ep"))
+            views["ep"], views["ep_replicate"] = experts["ep"], experts["ep_replicate"]
         return mesh, views

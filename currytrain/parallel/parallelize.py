@@ -48,15 +48,85 @@ def parallelize_decoder(
     param_dtype: FSDP2 gathers the parameters in this dtype for compute (bf16 runs) and reduces gradients in
     fp32; None gathers them as stored (fp32).
     """
-    # 1. Tensor parallelism: shards each block's projections over the mesh's tp axis (lands with parallel=tp).
-    # 2. Activation checkpointing: after TP so that recomputation replays the sharded ops; before compile
+    # 1. Tensor parallelism: shards each block's projections over the mesh's tp axis; first, so that every later
+    #    wrapper (checkpointing, FSDP) sees DTensor parameters already laid out on it.
+    if state.dims is not None and state.dims.tp > 1:
+        apply_tp(model, state.views["tp"])
+    # 2. Context parallelism: ring attention over the cp ranks' sequence shards, RoPE at their global positions.
+    if state.dims is not None and state.dims.cp > 1:
+        from currytrain.parallel.context import apply_cp
+
+        apply_cp(model, state.views["cp"])
+    # 3. Expert parallelism (model=moe): each ep rank keeps its share of the experts; tokens travel to them.
+    if state.dims is not None and state.dims.ep > 1:
+        apply_ep(model, state)
+    # 4. Activation checkpointing: after TP so that recomputation replays the sharded ops; before compile
     #    and FSDP so that both see the checkpoint wrappers as the blocks.
     apply_ac(model, model_cfg.ac, model_cfg.ac_policy, model_cfg.ac_every)
-    # 3. torch.compile per block (lands with trainer.compile).
-    # 4. FSDP: fully_shard per block, then the root.
+    # 5. torch.compile per block (lands with trainer.compile).
+    # 6. FSDP: fully_shard per block, then the root.
     if zero_stage >= 2 and state.mesh is not None:
         apply_fsdp(model, state, reshard_after_forward=zero_stage == 3, param_dtype=param_dtype)
     return model
+
+
+def apply_tp(model: nn.Module, tp_mesh) -> None:
+    """Tensor + sequence parallelism (Megatron-style) on a GQA decoder, in place, over the 1-D `tp_mesh`.
+
+    Between blocks the residual stream stays split over the sequence (Shard(1)): the norms run on their share
+    of positions (SequenceParallel). Attention and the MLP gather the sequence, compute their share of the heads /
+    hidden units (ColwiseParallel: wq wk wv w1 w3), and the row-parallel output projections (wo w2) reduce-scatter
+    back onto the sequence. The readout is column-parallel over the vocabulary and stays sharded: the loss is
+    computed on the shards inside loss_parallel (ParallelState.loss_context), never gathering the full logits.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel, parallelize_module
+
+    from currytrain.model.gqa import GQATransformer
+
+    if not isinstance(model, GQATransformer):  # validation refuses other families first
+        raise TypeError(f"parallel.tp has a plan for the GQA decoder only, not {type(model).__name__}")
+    parallelize_module(
+        model,
+        tp_mesh,
+        {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "norm": SequenceParallel(),
+            "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+        },
+    )
+    gather_sequence = PrepareModuleInput(input_layouts=(Shard(1), None, None), desired_input_layouts=(Replicate(), None, None))
+    for block in model.layers:
+        plan = {
+            "attention_norm": SequenceParallel(),
+            "attention": gather_sequence,
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "mlp_norm": SequenceParallel(),
+            "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "mlp.w1": ColwiseParallel(),
+            "mlp.w3": ColwiseParallel(),
+            "mlp.w2": RowwiseParallel(output_layouts=Shard(1)),
+        }
+        parallelize_module(block, tp_mesh, plan)
+    log.info("tensor parallel: %d blocks over tp=%d (sequence parallel norms, loss parallel readout)", len(model.layers), tp_mesh.size())
+
+
+def apply_ep(model: nn.Module, state: ParallelState) -> None:
+    """Expert parallelism on every MoE layer, in place: its experts become ExpertParallelExperts over the ep axis,
+    and its balance statistics count the tokens of every data-parallel rank (currytrain/parallel/expert.py)."""
+    from currytrain.model.moe import MoE
+    from currytrain.parallel.expert import ExpertParallelExperts, sum_counts
+
+    layers = [module for module in model.modules() if isinstance(module, MoE)]
+    if not layers:  # validation refuses other families first
+        raise TypeError(f"parallel.ep shards the experts of model=moe; {type(model).__name__} has no MoE layer")
+    for moe in layers:
+        moe.experts = ExpertParallelExperts(moe.experts, state.views["ep"], state.views["ep_replicate"], state.dp_size)
+        moe.reduce_counts = sum_counts(state.view("batch").get_group())
+    log.info("expert parallel: %d MoE layers, %d of %d experts per rank", len(layers), layers[0].experts.num_local, layers[0].num_experts)
 
 
 def apply_fsdp(model: nn.Module, state: ParallelState, reshard_after_forward: bool, param_dtype: torch.dtype | None = None) -> None:

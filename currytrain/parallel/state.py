@@ -2,11 +2,12 @@
 
 It holds the job's DeviceMesh (built by ParallelDims, the only code that creates process groups) and hands
 out views of it by role: `batch` (the ranks that split each global batch) and `loss` (the ranks a loss or
-metric is averaged over). Both are the flattened data-parallel axes until context parallelism lands.
+metric, and DDP's gradients, are averaged over: the data-parallel ranks, and the context-parallel ones with cp).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch.distributed as dist
 from currytrain.parallel.dims import ParallelDims
 
 # Which mesh axis serves each role.
-ROLE_AXES = {"batch": "dp", "loss": "dp", "replicate": "dp_replicate", "shard": "fsdp"}
+ROLE_AXES = {"batch": "dp", "loss": "loss", "replicate": "dp_replicate", "shard": "fsdp"}
 
 
 @dataclass
@@ -53,6 +54,24 @@ class ParallelState:
     def dp_size(self) -> int:
         """How many slices each global batch is cut into."""
         return 1 if self.mesh is None else self.view("batch").size()
+
+    def shard_sequence(self, tokens: torch.Tensor) -> torch.Tensor:
+        """This rank's share of each sequence in `tokens` (batch, seq): its zig-zag chunks under context
+        parallelism (see parallel/context.py), all of it otherwise."""
+        if self.dims is None or self.dims.cp == 1:
+            return tokens
+        from currytrain.parallel.context import zigzag_shard
+
+        return zigzag_shard(tokens, 1, self.views["cp"].get_local_rank(), self.dims.cp)
+
+    def loss_context(self) -> contextlib.AbstractContextManager:
+        """What the loss and its backward run inside: loss_parallel when tensor parallelism leaves the logits sharded
+        over the vocabulary (the cross-entropy then reduces across the tp ranks instead of gathering the logits)."""
+        if self.dims is not None and self.dims.tp > 1:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            return loss_parallel()
+        return contextlib.nullcontext()
 
     def mean_over(self, role: str, value: torch.Tensor) -> torch.Tensor:
         """`value` averaged over the ranks of `role` (every rank gets the mean); unchanged for one process."""

@@ -111,10 +111,14 @@ class Parallel:
         model = parallelize_decoder(model.to(state.device), state, model_cfg, zero_stage=self.zero_stage, param_dtype=param_dtype)
         if state.fabric is not None:
             return state.fabric.setup_module(model)  # DDP and the precision's autocast around forward
-        if state.mesh is not None and self.zero_stage < 2:
+        if state.mesh is not None and self.zero_stage < 2 and state.view("loss").size() > 1:  # one dp rank (tp only): nothing to all-reduce
             from torch.distributed._composable.replicate import replicate
 
-            replicate(model, process_group=state.view("batch").get_group())
+            # Expert-parallel experts are each rank's own (their gradients are handled in parallel/expert.py).
+            from currytrain.parallel.expert import ExpertParallelExperts
+
+            experts = [module for module in model.modules() if isinstance(module, ExpertParallelExperts)]
+            replicate(model, ignored_modules=experts, process_group=state.view("loss").get_group())
         return model
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, state: ParallelState) -> torch.optim.Optimizer:

@@ -18,11 +18,36 @@ from currytrain.parallel.memory import grad_bytes
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
+def full(value: torch.Tensor) -> torch.Tensor:
+    """A plain tensor of `value`: a DTensor (a loss computed under loss_parallel is one) is gathered whole."""
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
 def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy in nats; logits are upcast so bf16 autocast keeps an fp32 loss.
     Any leading shape works: a decoder's (batch, seq, vocab) against (batch, seq), a classifier's
     (batch, classes) against (batch,)."""
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """torch's clip_grad_norm_ (returns the global L2 norm before clipping), also over parameters that mix plain
+    tensors and DTensors of different meshes (expert parallelism shards the experts, DDP replicates the rest):
+    each kind's norm is taken apart, made whole (a sharded DTensor's norm sums every rank's part), then combined."""
+    kinds: dict[object, list[torch.Tensor]] = {}
+    for param in parameters:
+        if param.grad is not None:
+            kinds.setdefault(param.grad.device_mesh if isinstance(param.grad, DTensor) else None, []).append(param)
+    if len(kinds) <= 1:  # one kind (the usual case): torch's own, fused
+        return full(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
+    norms = [full(torch.nn.utils.get_total_norm([param.grad for param in group])) for group in kinds.values()]
+    total = torch.linalg.vector_norm(torch.stack(norms))
+    scale = max_norm / (total.item() + 1e-6)
+    if scale < 1:
+        for group in kinds.values():
+            for param in group:
+                param.grad.mul_(scale)
+    return total
 
 
 @dataclass
@@ -50,11 +75,13 @@ def run_accumulated_step(
     measure_grads: bool = False,
     scaler: torch.amp.GradScaler | None = None,
     backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
+    loss_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
 ) -> StepResult:
     """Forward+backward each microbatch with its loss scaled by 1/N, then clip and take one optimizer step.
 
     A model with auxiliary_loss() (MoE balancing) has it added to each microbatch's loss. `backward` runs each
-    microbatch's backward (Fabric's under parallel.runtime=fabric).
+    microbatch's backward (Fabric's under parallel.runtime=fabric). `loss_context` makes the context each microbatch's
+    forward, loss and backward run in (ParallelState.loss_context: loss_parallel under tensor parallelism).
 
     Scaling each microbatch loss by 1/N makes the accumulated gradient equal to the gradient of
     the mean loss over the concatenated batch (for equal-sized microbatches).
@@ -67,22 +94,20 @@ def run_accumulated_step(
     for inputs, targets in microbatches:
         inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
         autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
-        with autocast:
-            task_loss = loss_fn(model(inputs), targets)
-            loss = task_loss + model.auxiliary_loss() if isinstance(model, HasAuxiliaryLoss) else task_loss
-        # fp16: the loss is scaled up so that small gradients do not underflow; unscaled before clipping.
-        backward(scaler.scale(loss / num_micro) if scaler is not None else loss / num_micro)
+        with loss_context():
+            with autocast:
+                task_loss = loss_fn(model(inputs), targets)
+                loss = task_loss + model.auxiliary_loss() if isinstance(model, HasAuxiliaryLoss) else task_loss
+            # fp16: the loss is scaled up so that small gradients do not underflow; unscaled before clipping.
+            backward(scaler.scale(loss / num_micro) if scaler is not None else loss / num_micro)
         # The reported loss is the task loss alone, so runs with and without auxiliary losses compare.
-        total_loss += task_loss.detach() / num_micro
+        total_loss += full(task_loss.detach()) / num_micro
         num_tokens += targets.numel()
 
     if scaler is not None:
         scaler.unscale_(optimizer)
-    # clip_grad_norm_ with an infinite bound measures the norm without changing the gradients.
-    max_norm = grad_clip if grad_clip > 0 else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    if isinstance(grad_norm, DTensor):  # FSDP: each rank holds part of the norm; the whole is needed here
-        grad_norm = grad_norm.full_tensor()
+    # An infinite bound measures the norm without changing the gradients.
+    grad_norm = clip_grad_norm(list(model.parameters()), grad_clip if grad_clip > 0 else float("inf"))
     # One device-to-host copy per step: the finiteness check needs it anyway, so the loss rides along.
     loss_value, norm_value = torch.stack([total_loss, grad_norm.to(total_loss.dtype)]).tolist()
     skipped = not math.isfinite(norm_value)

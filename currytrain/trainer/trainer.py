@@ -26,7 +26,7 @@ from currytrain.parallel.state import ParallelState, resolve_device
 from currytrain.trainer.heartbeat import Heartbeat
 from currytrain.trainer.hooks import Action, Decision, StepHook, decide
 from currytrain.trainer.progress import Progress
-from currytrain.trainer.step import causal_lm_loss, run_accumulated_step
+from currytrain.trainer.step import causal_lm_loss, full, run_accumulated_step
 from currytrain.weights import find_checkpoint, resume_checkpoint
 
 log = logging.getLogger(__name__)
@@ -134,6 +134,7 @@ class Trainer:
             measure_grads=not self.memory_logged,
             scaler=self.scaler,
             backward=self.state.fabric.backward if self.state.fabric is not None else torch.Tensor.backward,
+            loss_context=self.state.loss_context,
         )
         if not self.memory_logged:
             self.log_memory(result.grad_bytes)
@@ -182,7 +183,8 @@ class Trainer:
 
     def batch(self, split: str, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's slice of the global batch (trainer.batch_size sequences) of `step`."""
-        return self.data.batch(split, step, micro, self.cfg.batch_size, rank=self.state.dp_rank, num_ranks=self.state.dp_size)
+        inputs, targets = self.data.batch(split, step, micro, self.cfg.batch_size, rank=self.state.dp_rank, num_ranks=self.state.dp_size)
+        return self.state.shard_sequence(inputs), self.state.shard_sequence(targets)  # context parallel: its share of positions
 
     def act_on(self, decision: Decision) -> None:
         if decision.action is Action.STOP:
@@ -217,9 +219,10 @@ class Trainer:
         for index in range(self.cfg.eval_batches):
             inputs, targets = self.batch("val", 0, index)
             inputs, targets = inputs.to(self.state.device), targets.to(self.state.device)
-            with torch.autocast(self.state.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+            autocast = torch.autocast(self.state.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
+            with self.state.loss_context(), autocast:
                 logits = self.model(inputs)
-                losses.append(causal_lm_loss(logits, targets).item())
+                losses.append(full(causal_lm_loss(logits, targets)).item())
             if isinstance(self.data, HasEvalMetrics):  # a classifier's accuracy, say
                 extra.append(self.data.eval_metrics(logits, targets))
         self.model.train()
