@@ -66,12 +66,13 @@ def test_lr_range_sweeps_up_to_divergence_suggests_an_lr_and_restores_the_weight
     ctx = context()
     parts = ctx.build()
     before = {name: value.clone() for name, value in parts.model.state_dict().items()}
-    stage = LRRange(min_lr=1e-4, max_lr=1e3, steps=40, batch_size=4)
+    stage = LRRange(min_lr=1e-4, max_lr=1e3, steps=40, batch_size=4, rule="min_loss")
     result = stage.assess(parts, ctx)
     sweep = stage.sweep
     assert sweep.diverged_at is not None and sweep.diverged_at > sweep.lrs[sweep.best()], "an lr of 1e3 must blow the loss up"
     assert sweep.lrs == sorted(sweep.lrs) and sweep.lrs[1] / sweep.lrs[0] == pytest.approx((1e3 / 1e-4) ** (1 / 39))
     assert sweep.smoothed[sweep.best()] < sweep.smoothed[0] - 0.1
+    assert sweep.steepest() < sweep.best() and f"steepest descent at lr {sweep.lrs[sweep.steepest()]:.3g}" in result.findings[0].observed
     suggested = sweep.lrs[sweep.best()] / 10
     assert _only(result).status is Status.PASSED and f"suggested lr {suggested:.3g} (min_loss)" in _only(result).observed
     assert all(torch.equal(before[name], value) for name, value in parts.model.state_dict().items()), "the sweep trains a scratch copy"
@@ -320,7 +321,7 @@ def test_stage_thresholds_are_validated_with_their_key_and_fix(compose_cfg):
         )
     )
     expected = (
-        "check.stages.lr_range.rule=fastest is not one of ['min_loss', 'steepest']",
+        "check.stages.lr_range.rule=fastest is not one of ['steepest', 'min_loss']",
         "check.stages.lr_range.max_lr=1e-06 must be above check.stages.lr_range.min_lr",
         "check.stages.mup.widths=[64] needs at least two positive widths",
         "check.stages.seeds.seeds=1 must be >= 2",

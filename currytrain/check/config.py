@@ -130,8 +130,9 @@ class LRRangeConfig:
     """Coefficient of the loss's exponential moving average (bias-corrected); 0 disables smoothing."""
     diverge_factor: float = 4.0
     """The sweep stops once the smoothed loss exceeds this multiple of its minimum."""
-    rule: str = "min_loss"
-    """min_loss: the lr at the smoothed minimum / min_loss_divisor; steepest: the lr where the loss falls fastest."""
+    rule: str = "steepest"
+    """steepest: the lr where the smoothed loss falls fastest per decade; min_loss: the lr at the smoothed minimum
+    / min_loss_divisor. On the debug model steepest came within 2.3x of a grid's best lr, min_loss 15x above it."""
     min_loss_divisor: float = 10.0
     """Divisor of the min_loss rule."""
     min_drop: float = 0.1
@@ -143,7 +144,7 @@ class LRRangeConfig:
     def check(node: Any, path: str) -> list[str]:
         problems = at_least(node, path, ("steps", "batch_size"), minimum=1)
         problems += positive(node, path, "min_lr", 1e-5) + positive(node, path, "min_loss_divisor", 10.0) + positive(node, path, "diverge_factor", 4.0)
-        problems += one_of(node, path, "rule", ("min_loss", "steepest"))
+        problems += one_of(node, path, "rule", ("steepest", "min_loss"))
         if node.min_lr > 0 and not node.max_lr > node.min_lr:
             problems.append(f"{path}.max_lr={node.max_lr} must be above {path}.min_lr={node.min_lr}: pass {path}.max_lr=10.0")
         if not 0 <= node.smoothing < 1:

@@ -135,7 +135,8 @@ class Scaling(Stage):
         *fitted, held = self.runs
         self.fit = fit_power_law([r.num_params for r in fitted], [r.train_loss for r in fitted], self.bootstrap, int(ctx.cfg.seed))
         low, high = self.fit.alpha_interval()
-        tokens = (self.max_steps or ctx.cfg.trainer.max_steps) * ctx.cfg.trainer.batch_size * ctx.cfg.data.seq_len
+        trainer = ctx.cfg.trainer
+        tokens = (self.max_steps or trainer.max_steps) * trainer.batch_size * trainer.grad_accum * ctx.cfg.data.seq_len
         observed = f"L(N) = {self.fit.e:.3f} + {self.fit.a:.3g} N^-{self.fit.alpha:.3f} (alpha 95% CI [{low:.3f}, {high:.3f}]); compute form L(C) = E + {self.fit.a * (6 * tokens) ** self.fit.alpha:.3g} C^-{self.fit.alpha:.3f} at D = {tokens:,} tokens"
         result.findings.append(Finding("scaling fit", Status.PASSED, observed, f"a power law through {len(fitted)} sizes"))
         result.findings.append(held_out_finding(self.fit, held))
