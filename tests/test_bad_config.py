@@ -63,6 +63,7 @@ BAD_CONFIGS = [
 ]
 
 
+@pytest.mark.reliability(kind="bad input")
 @pytest.mark.parametrize(("overrides", "expected"), BAD_CONFIGS, ids=[" ".join(o) for o, _ in BAD_CONFIGS])
 def test_bad_config_exits_2_with_one_clear_message(overrides, expected, tmp_path):
     run_dir = tmp_path / "run"
