@@ -163,7 +163,7 @@ class DiskFiller(_QuietLogger):
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         import shutil
 
-        if step != self.at:
+        if step != self.at or self.ballast.exists():  # evaluations log at the same step again
             return
         free = shutil.disk_usage(self.ballast.parent).free - self.leave_bytes
         chunk = b"\0" * 65536
@@ -181,11 +181,12 @@ class ReadOnlyAfter(_QuietLogger):
     only): files opened from then on cannot be written, as on a disk the kernel remounted read-only."""
 
     def __init__(self, run_dir: str, at: int = 3):
-        self.run_dir, self.at = run_dir, at
+        self.run_dir, self.at, self.done = run_dir, at, False
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         import subprocess
 
-        if step == self.at:
+        if step == self.at and not self.done:  # evaluations log at the same step again
+            self.done = True
             subprocess.run(["mount", "--bind", self.run_dir, self.run_dir], check=True)
             subprocess.run(["mount", "-o", "remount,ro,bind", self.run_dir], check=True)

@@ -20,7 +20,7 @@ from currytrain.run import write_run_record
 from currytrain.trainer.trainer import Trainer
 from currytrain.weights import checkpoint_problem
 
-STEPS = ("trainer.max_steps=6", "trainer.checkpoint_every=2", "trainer.keep_last=3", "logger=[jsonl]")
+STEPS = ("data.max_bytes=300000", "trainer.max_steps=6", "trainer.checkpoint_every=2", "trainer.keep_last=3", "logger=[jsonl]")
 
 
 @pytest.fixture(scope="module")
