@@ -120,10 +120,13 @@ def _barrier() -> None:
 
 
 class Checkpointer:
-    def __init__(self, folder: Path, keep_last: int, is_main: bool):
+    def __init__(self, folder: Path, keep_last: int, is_main: bool, model_node: dict[str, Any] | None = None):
         self.folder = Path(folder)
         self.keep_last = keep_last
         self.is_main = is_main
+        self.model_node = model_node
+        """The model's config node, kept in each marker: a checkpoint copied out of its run folder still says
+        which model it holds, so a resume into another architecture is refused before loading."""
 
     def save(self, train_state: TrainState) -> Path:
         path = self.folder / f"step_{train_state.step}"
@@ -136,7 +139,7 @@ class Checkpointer:
                 dcp.save({"train": train_state}, checkpoint_id=str(path), no_dist=not _distributed())
             _barrier()  # every rank's shards are on disk before the marker says so
             if self.is_main:
-                marker = {"step": train_state.step, "seconds": round(time.perf_counter() - started, 3), "files": file_digests(path)}
+                marker = {"step": train_state.step, "seconds": round(time.perf_counter() - started, 3), "files": file_digests(path), "model": self.model_node}
                 write_atomically(path / MARKER, json.dumps(marker) + "\n")
         except (Exception, CheckpointException) as error:
             raise self._failed_save(path, error) from error

@@ -81,6 +81,15 @@ def find_checkpoint(location: Path) -> Path | None:
     return found[0] if found else None
 
 
+def checkpoint_step(path: Path) -> int | None:
+    """The step a complete checkpoint folder was saved at (from its marker, else its name)."""
+    try:
+        return int(json.loads((Path(path) / MARKER).read_text())["step"])
+    except (ValueError, KeyError, TypeError, OSError):
+        match = STEP_DIR.match(Path(path).name)
+        return int(match.group(1)) if match else None
+
+
 def checkpoint_candidates(location: Path) -> list[Path]:
     """What a resume from `location` may load, newest first: the checkpoint folder itself, or the complete
     checkpoints of a run folder (an older one stands in when a newer one fails its checksums)."""
@@ -104,6 +113,13 @@ def resume_checkpoint(resume: str, run_dir: str | Path | None) -> Path | None:
 def model_node_of(path: str | Path) -> dict[str, Any] | None:
     """The model config node the weights at `path` were written with, or None if `path` is none of the three."""
     path = Path(path).expanduser()
+    if is_complete(path):  # a checkpoint folder names its model in its marker, even copied out of its run
+        try:
+            node = json.loads((path / MARKER).read_text()).get("model")
+        except (ValueError, AttributeError, OSError):
+            node = None
+        if node:
+            return node
     for candidate, key in ((path / MODEL_YAML, None), (path / RESOLVED, "model"), (path.parent.parent / RESOLVED, "model")):
         if candidate.is_file():
             node = OmegaConf.load(candidate)

@@ -71,8 +71,8 @@ def render(rows: list[dict]) -> str:
             f"| {row['fault']} | {row['case']} | {row['protection']} | {'yes' if ok else 'NO'} | {row.get('data_lost', 0) if ok else '?'} | `{test}` |"
         )
     lines += ["", "## Bad inputs", "", "| group | overrides | handled |", "|---|---|---|"]
-    for row in sorted(bad, key=lambda row: _group(row["case"])):
-        lines.append(f"| {_group(row['case'])} | `{row['case']}` | {'yes' if row['outcome'] == 'passed' else 'NO'} |")
+    for row in sorted(bad, key=lambda row: row.get("group") or _group(row["case"])):
+        lines.append(f"| {row.get('group') or _group(row['case'])} | `{row['case']}` | {'yes' if row['outcome'] == 'passed' else 'NO'} |")
     return "\n".join(lines) + "\n"
 
 
