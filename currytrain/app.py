@@ -64,13 +64,14 @@ def torchrun_follower() -> bool:
 
 def run_app(main: Callable[[], None]) -> None:
     """Run the `@hydra.main` function `main` and exit with the code of how it ended."""
-    from currytrain.config import CONF_DIR, unknown_list_choices
+    from currytrain.config import CONF_DIR, broken_yaml_choices, unknown_list_choices
 
     if torchrun_follower():
         from currytrain.parallel.workers import follow_rank_zero
 
         sys.exit(follow_rank_zero())
-    if problems := unknown_list_choices(sys.argv[1:], [Path(sys.argv[0]).resolve().parent / "conf", CONF_DIR]):
+    conf_dirs = [Path(sys.argv[0]).resolve().parent / "conf", CONF_DIR]
+    if problems := unknown_list_choices(sys.argv[1:], conf_dirs) + broken_yaml_choices(sys.argv[1:], conf_dirs):
         print("\n".join(f"curryTrain: {problem}" for problem in problems), file=sys.stderr)
         sys.exit(EXIT_CONFIG_ERROR)
     try:

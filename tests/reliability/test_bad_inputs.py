@@ -36,3 +36,25 @@ def test_a_bad_resume_is_refused_before_anything_is_written(case, finished, tmp_
     assert result.returncode == 2, result.stderr[-3000:]
     assert expected in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.reliability(kind="bad input", group="experiment")
+def test_an_experiment_file_with_a_yaml_syntax_error_names_the_file_and_line(tmp_path):
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "broken.yaml").write_text("# @package _global_\nmodel:\n  dim: [32\n")
+    result = launch(f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "experiment=broken", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert f"experiment=broken: {tmp_path / 'conf' / 'experiment' / 'broken.yaml'} is not valid YAML (line 4, column 1: expected ',' or ']'" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.reliability(kind="bad input", group="data")
+def test_a_binary_file_as_text_data_is_refused(tmp_path):
+    import random
+
+    blob = tmp_path / "corpus.txt"
+    blob.write_bytes(random.Random(0).randbytes(20000))
+    result = launch("data=text", f"data.paths=[{blob}]", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert f"data.paths: {blob} is not UTF-8 text" in result.stderr
+    assert not (tmp_path / "run").exists()
