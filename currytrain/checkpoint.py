@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import shutil
 import time
 import warnings
@@ -190,7 +191,7 @@ class Checkpointer:
 def load_model_state(path: Path, model_state: dict[str, Any]) -> None:
     """Fill `model_state` (a model's state_dict) in place from a checkpoint's weights, leaving out the
     optimizer, schedule and RNG: for exports and for starting other runs from these weights."""
-    if problem := checkpoint_problem(path):
+    if problem := checkpoint_problem(path) or metadata_problem(path):
         raise ConfigError(f"{path} {problem}: pass an earlier checkpoint (`currytrain verify RUN` lists the intact ones)")
     with _quiet_single_process():
         dcp.load({"train": {"model": model_state}}, checkpoint_id=str(path), no_dist=not _distributed())
@@ -201,3 +202,40 @@ def write_atomically(path: Path, text: str) -> None:
     partial = path.with_name(path.name + ".partial")
     partial.write_text(text)
     os.replace(partial, path)
+
+
+METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+METADATA_GLOBALS = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP's .metadata (which torch reads with plain pickle) allowing only the classes such
+    metadata holds: DCP's own records, torch sizes, dtypes and layouts, paths. Anything else (os.system,
+    eval, ...) is refused before it runs."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = module in METADATA_MODULES or (module, name) in METADATA_GLOBALS
+        if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)):
+            allowed = True
+        if not allowed:
+            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in checkpoint metadata")
+        return super().find_class(module, name)
+
+
+def metadata_problem(path: Path) -> str | None:
+    """Why the checkpoint's .metadata must not be unpickled by torch (it names a callable that metadata
+    never holds: a file crafted to run code), or None. Checked before every load."""
+    try:
+        with (Path(path) / ".metadata").open("rb") as handle:
+            _MetadataUnpickler(handle).load()
+    except pickle.UnpicklingError as error:
+        return f".metadata is unsafe to load ({error})"
+    except Exception as error:  # truncated or garbled: the checksums usually say so first
+        return f".metadata cannot be read ({type(error).__name__}: {error})"
+    return None

@@ -105,14 +105,15 @@ def _journal(args: argparse.Namespace) -> None:
 
 
 def _verify(args: argparse.Namespace) -> None:
-    from currytrain.weights import STEP_DIR, checkpoint_problem
+    from currytrain.checkpoint import metadata_problem
+    from currytrain.weights import STEP_DIR, checkpoint_problem, is_complete
 
     run = Path(args.run).expanduser()
     folder = run if STEP_DIR.match(run.name) else run / "checkpoints"
     if not folder.is_dir():
         raise ConfigError(f"{args.run} has no checkpoints/ folder: pass a run folder or one of its checkpoints/step_N")
     paths = [folder] if folder.name != "checkpoints" else sorted((p for p in folder.iterdir() if STEP_DIR.match(p.name)), key=lambda p: int(p.name[5:]))
-    problems = {path: checkpoint_problem(path) for path in paths}
+    problems = {path: checkpoint_problem(path) or (metadata_problem(path) if is_complete(path) else None) for path in paths}
     for path, problem in problems.items():
         print(f"{path.name}: {'ok' if problem is None else problem}")
     if not paths:

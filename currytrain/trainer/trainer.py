@@ -14,7 +14,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from currytrain.build import build
-from currytrain.checkpoint import Checkpointer, TrainState
+from currytrain.checkpoint import Checkpointer, TrainState, metadata_problem
 from currytrain.components import Components, build_components
 from currytrain.errors import Aborted, ConfigError, Interrupted, Pruned, RunFailed
 from currytrain.journal import Journal
@@ -245,7 +245,7 @@ class Trainer:
         """The newest checkpoint at `location` whose files match their checksums; each newer one that does
         not is journaled (checkpoint_corrupt) and passed over, with a warning."""
         for path in checkpoint_candidates(location):
-            problem = checkpoint_problem(path)
+            problem = checkpoint_problem(path) or metadata_problem(path)
             if problem is None:
                 return path
             self.journal.event("checkpoint_corrupt", step=self.step, path=str(path), problem=problem)

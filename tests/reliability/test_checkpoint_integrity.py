@@ -130,3 +130,37 @@ def test_verify_names_the_corrupted_checkpoint_and_its_file(saved, tmp_path):
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     assert "step_4: __0_0.distcp differs from its checksum" in bad.stdout
     assert "1 of 3 checkpoints cannot be loaded (step_4)" in bad.stderr
+
+
+class _Payload:
+    """Pickles to a call of os.mkdir: a stand-in for any code a crafted .metadata would run."""
+
+    def __init__(self, target: Path):
+        self.target = str(target)
+
+    def __reduce__(self):
+        import os
+
+        return (os.mkdir, (self.target,))
+
+
+@pytest.mark.reliability(fault="crafted .metadata that runs code when unpickled", protection="restricted unpickler check before torch loads it")
+def test_a_crafted_metadata_file_is_never_unpickled(saved, tmp_path, one_thread, record_property):
+    import json
+    import pickle
+
+    from currytrain.weights import MARKER, file_digests
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(saved, run_dir)
+    step_6, ran = run_dir / "checkpoints" / "step_6", tmp_path / "payload_ran"
+    (step_6 / ".metadata").write_bytes(pickle.dumps(_Payload(ran)))
+    marker = json.loads((step_6 / MARKER).read_text())
+    (step_6 / MARKER).write_text(json.dumps({**marker, "files": file_digests(step_6)}))  # checksums that match: only the content betrays it
+    assert checkpoint_problem(step_6) is None
+    trainer = _resumed(run_dir, "auto")
+    assert trainer.maybe_resume() and trainer.step == 4
+    assert not ran.exists(), "the payload ran"
+    (corrupt,) = [e for e in read_journal(run_dir / "journal.jsonl") if e["type"] == "checkpoint_corrupt"]
+    assert "posix.mkdir is not allowed in checkpoint metadata" in corrupt["problem"]
+    record_property("data_lost", 0)
