@@ -9,6 +9,7 @@ Fault tests carry `@pytest.mark.reliability(fault=..., protection=...)` and reco
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -42,8 +43,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if ROWS:
-        Path(OUT).write_text(render(ROWS))
+    """Write the page and its rows (<page>.rows.json); with CURRYTRAIN_RELIABILITY_MERGE=1 the rows of the
+    last session are kept where this one did not run their test (a re-run of some tests updates them)."""
+    if not ROWS:
+        return
+    rows_file = Path(OUT).with_suffix(".rows.json")
+    rows = ROWS
+    if os.environ.get("CURRYTRAIN_RELIABILITY_MERGE") == "1" and rows_file.exists():
+        ran = {(row["test"], row["case"]) for row in ROWS}
+        rows = [row for row in json.loads(rows_file.read_text()) if (row["test"], row["case"]) not in ran] + ROWS
+    rows_file.write_text(json.dumps(rows, indent=1) + "\n")
+    Path(OUT).write_text(render(rows))
 
 
 def render(rows: list[dict]) -> str:
