@@ -25,9 +25,9 @@ def _journal(run_dir):
     return read_journal(path) if path.exists() else []
 
 
-def _interrupt(run_dir, signum: int) -> subprocess.CompletedProcess:
+def _interrupt(run_dir, signum: int, *overrides: str) -> subprocess.CompletedProcess:
     """Start the run, send `signum` once its journal shows step 2, and wait for it to end."""
-    args = [sys.executable, str(ROOT / "launch.py"), *TINY, *RUN, SLOW, f"hydra.run.dir={run_dir}"]
+    args = [sys.executable, str(ROOT / "launch.py"), *TINY, *RUN, SLOW, *overrides, f"hydra.run.dir={run_dir}"]
     process = subprocess.Popen(args, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
     while not any(event["type"] == "metrics" and event["step"] >= 2 for event in _journal(run_dir)):
@@ -60,3 +60,26 @@ def test_a_signal_saves_journals_and_resumes_to_the_uninterrupted_weights(signum
     assert [e["step"] for e in events if e["type"] == "resume"] == [step]
     assert same_weights(run_dir, uninterrupted)
     record_property("data_lost", 0)
+
+
+@pytest.mark.slow
+@pytest.mark.reliability(fault="SIGTERM to the launcher of 2 workers", protection="journaled by the launcher, workers stopped, exit 143")
+def test_a_signal_to_the_launcher_of_workers_is_journaled_and_leaves_no_process(tmp_path, record_property):
+    run_dir = tmp_path / "run"
+    result = _interrupt(run_dir, signal.SIGTERM, "parallel=ddp", "parallel.nproc=2")
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
+    assert "stopped by SIGTERM: the workers were stopped" in result.stderr and "Traceback" not in result.stderr
+    interrupted = [event for event in _journal(run_dir) if event["type"] == "interrupted"]
+    assert [(event["signal"], event.get("by")) for event in interrupted][-1] == ("SIGTERM", "launcher")
+    workers = [int(line.split()[-1]) for line in (run_dir / "workers" / "rank_0.stdout").read_text().splitlines() if line.startswith("curryTrain worker")]
+    workers += [int(line.split()[-1]) for line in (run_dir / "workers" / "rank_1.stdout").read_text().splitlines() if line.startswith("curryTrain worker")]
+    assert len(workers) == 2 and not any(_alive(pid) for pid in workers), "a worker outlived its launcher"
+    record_property("data_lost", 0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
