@@ -49,11 +49,45 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     rows_file = Path(OUT).with_suffix(".rows.json")
     rows = ROWS
-    if os.environ.get("CURRYTRAIN_RELIABILITY_MERGE") == "1" and rows_file.exists():
-        ran = {(row["test"], row["case"]) for row in ROWS}
-        rows = [row for row in json.loads(rows_file.read_text()) if (row["test"], row["case"]) not in ran] + ROWS
+    if os.environ.get("CURRYTRAIN_RELIABILITY_MERGE") == "1":
+        earlier = json.loads(rows_file.read_text()) if rows_file.exists() else rows_from_page(Path(OUT))
+        ran = {_key(row) for row in ROWS}
+        rows = [row for row in earlier if _key(row) not in ran] + ROWS
     rows_file.write_text(json.dumps(rows, indent=1) + "\n")
     Path(OUT).write_text(render(rows))
+
+
+def _short(test: str) -> str:
+    return test.split("::")[0] + "::" + test.split("::")[-1].split("[")[0]
+
+
+def _key(row: dict) -> tuple[str, str]:
+    return ("bad input" if row.get("kind") == "bad input" else _short(row["test"]), row["case"])
+
+
+def rows_from_page(page: Path) -> list[dict]:
+    """The rows of a page this plugin wrote (for a merge when its rows file is gone)."""
+    rows = []
+    for line in page.read_text().splitlines() if page.exists() else []:
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 6 and cells[5].startswith("`"):
+            fault, case, protection, survived, lost, test = cells
+            outcome = "passed" if survived == "yes" else "failed"
+            rows.append(
+                {
+                    "fault": fault,
+                    "case": case,
+                    "protection": protection,
+                    "outcome": outcome,
+                    "data_lost": 0 if lost == "?" else int(lost),
+                    "test": test.strip("`"),
+                }
+            )
+        elif len(cells) == 3 and cells[1].startswith("`"):
+            rows.append(
+                {"kind": "bad input", "group": cells[0], "case": cells[1].strip("`"), "outcome": "passed" if cells[2] == "yes" else "failed", "test": ""}
+            )
+    return rows
 
 
 def render(rows: list[dict]) -> str:
@@ -76,7 +110,7 @@ def render(rows: list[dict]) -> str:
     ]
     for row in faults:
         ok = row["outcome"] == "passed"
-        test = row["test"].split("::")[0] + "::" + row["test"].split("::")[-1].split("[")[0]
+        test = _short(row["test"])
         lines.append(
             f"| {row['fault']} | {row['case']} | {row['protection']} | {'yes' if ok else 'NO'} | {row.get('data_lost', 0) if ok else '?'} | `{test}` |"
         )
