@@ -84,9 +84,9 @@ def rows_from_page(page: Path) -> list[dict]:
                 }
             )
         elif len(cells) == 3 and cells[1].startswith("`"):
-            rows.append(
-                {"kind": "bad input", "group": cells[0], "case": cells[1].strip("`"), "outcome": "passed" if cells[2] == "yes" else "failed", "test": ""}
-            )
+            case = cells[1].strip("`")
+            group = {} if "=" in case else {"group": cells[0]}  # an override list's group is derived again
+            rows.append({"kind": "bad input", **group, "case": case, "outcome": "passed" if cells[2] == "yes" else "failed", "test": ""})
     return rows
 
 
@@ -120,6 +120,11 @@ def render(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+GROUPS = ("model", "data", "parallel", "optimizer", "logger", "check", "sweep", "abort", "trainer", "experiment", "hydra", "build")
+
+
 def _group(case: str) -> str:
-    first = case.split(" ")[0].lstrip("+~")
-    return first.split("=")[0].split(".")[0].split("/")[0] if "." in first or "=" in first else "root"
+    """The config group an override list is about (its first key's), or root for the root's own fields."""
+    key = case.split(" ")[0].lstrip("+~").split("=")[0]
+    group = key.split(".")[0].split("/")[0]
+    return group if group in GROUPS else "root"
