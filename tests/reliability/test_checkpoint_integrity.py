@@ -5,8 +5,6 @@ the newest intact checkpoint, journaled and warned; `currytrain verify` names th
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -118,18 +116,18 @@ def test_resuming_a_corrupted_checkpoint_by_name_is_refused(saved, tmp_path, one
     record_property("data_lost", 0)
 
 
-def test_verify_names_the_corrupted_checkpoint_and_its_file(saved, tmp_path):
+def test_verify_names_the_corrupted_checkpoint_and_its_file(saved, tmp_path, capsys):
+    from currytrain.cli import main
+
     run_dir = tmp_path / "run"
     shutil.copytree(saved, run_dir)
     _zero_norm(run_dir / "checkpoints" / "step_4")
-    verify = [sys.executable, "-m", "currytrain.cli", "verify"]
-    good = subprocess.run([*verify, str(saved)], capture_output=True, text=True)
-    assert good.returncode == 0, good.stderr
-    assert good.stdout.split("\n")[:3] == ["step_2: ok", "step_4: ok", "step_6: ok"]
-    bad = subprocess.run([*verify, str(run_dir)], capture_output=True, text=True)
-    assert bad.returncode == 1 and "Traceback" not in bad.stderr
-    assert "step_4: __0_0.distcp differs from its checksum" in bad.stdout
-    assert "1 of 3 checkpoints cannot be loaded (step_4)" in bad.stderr
+    assert main(["verify", str(saved)]) == 0
+    assert capsys.readouterr().out.split("\n")[:3] == ["step_2: ok", "step_4: ok", "step_6: ok"]
+    assert main(["verify", str(run_dir)]) == 1
+    out, err = capsys.readouterr()
+    assert "step_4: __0_0.distcp differs from its checksum" in out and "step_6: ok" in out
+    assert "1 of 3 checkpoints cannot be loaded (step_4)" in err and "Traceback" not in err
 
 
 class _Payload:
