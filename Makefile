@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: train test lint setup clean
+.PHONY: train test lint setup clean reliability
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ train: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(ARGS)
+
+# docs/reliability.md, written by the tests it lists (tests/reliability/table.py)
+reliability: $(STAMP)
+	$(PY) -m pytest -p tests.reliability.table tests/reliability tests/test_bad_config.py $(ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

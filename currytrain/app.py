@@ -9,6 +9,7 @@ Jobs raise typed outcomes (currytrain.errors); only run_app turns them into exit
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from currytrain.errors import EXIT_CONFIG_ERROR, ConfigRejected, Outcome, Pruned
+from currytrain.errors import EXIT_CONFIG_ERROR, EXIT_SIGNAL_BASE, ConfigRejected, Interrupted, Outcome, Pruned
 
 _task_started = False
 _outcomes: list[Outcome] = []
@@ -34,7 +35,8 @@ def run_task(cfg: DictConfig) -> float | None:
         return run(cfg)
     except Outcome as outcome:
         _outcomes.append(outcome)
-        if HydraConfig.get().mode == RunMode.RUN:  # the whole command: its message and its exit code
+        # The whole command ends: a single run, or a sweep the user stopped (its other jobs must not start).
+        if HydraConfig.get().mode == RunMode.RUN or isinstance(outcome, Interrupted):
             print(outcome, file=sys.stderr)
             sys.exit(outcome.exit_code)
         raise  # Hydra records the job as failed, the other jobs still run, and prints the message
@@ -62,13 +64,14 @@ def torchrun_follower() -> bool:
 
 def run_app(main: Callable[[], None]) -> None:
     """Run the `@hydra.main` function `main` and exit with the code of how it ended."""
-    from currytrain.config import CONF_DIR, unknown_list_choices
+    from currytrain.config import CONF_DIR, broken_yaml_choices, unknown_list_choices
 
     if torchrun_follower():
         from currytrain.parallel.workers import follow_rank_zero
 
         sys.exit(follow_rank_zero())
-    if problems := unknown_list_choices(sys.argv[1:], [Path(sys.argv[0]).resolve().parent / "conf", CONF_DIR]):
+    conf_dirs = [Path(sys.argv[0]).resolve().parent / "conf", CONF_DIR]
+    if problems := unknown_list_choices(sys.argv[1:], conf_dirs) + broken_yaml_choices(sys.argv[1:], conf_dirs):
         print("\n".join(f"curryTrain: {problem}" for problem in problems), file=sys.stderr)
         sys.exit(EXIT_CONFIG_ERROR)
     try:
@@ -78,5 +81,8 @@ def run_app(main: Callable[[], None]) -> None:
         sys.exit(rejected.error.exit_code)
     except Outcome as outcome:  # HYDRA_FULL_ERROR=1 lets the job's exception through
         sys.exit(outcome.exit_code)
+    except KeyboardInterrupt:  # Ctrl-C before training started, or twice: the run journaled it
+        print("curryTrain: interrupted (Ctrl-C); nothing was saved at this point", file=sys.stderr)
+        sys.exit(EXIT_SIGNAL_BASE + signal.SIGINT)
     except SystemExit as exit_:
         sys.exit(exit_code(exit_.code))

@@ -1,8 +1,9 @@
 """Checkpoints in torch.distributed.checkpoint (DCP) format.
 
 Layout: <run>/checkpoints/step_<N>/ holds DCP's shards and `.metadata`, then COMPLETE, written
-last by rank 0 once every rank has finished. A folder without COMPLETE is an interrupted save and
-is never resumed from. DCP needs no process group: a single process saves and loads the same way,
+last by rank 0 once every rank has finished, with each file's size and SHA-256 (the manifest). A folder
+without COMPLETE is an interrupted save and is never resumed from; one whose files no longer match the
+manifest is corrupted, and a resume falls back to the newest checkpoint that matches (Trainer.maybe_resume). DCP needs no process group: a single process saves and loads the same way,
 and a different world size can load a checkpoint (DCP reshards on load).
 """
 
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import pickle
 import shutil
 import time
 import warnings
@@ -19,12 +22,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_model_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from currytrain.errors import ConfigError
-from currytrain.weights import MARKER, STEP_DIR, complete_checkpoints, is_complete
+from currytrain.diskio import write_failure_cause
+from currytrain.errors import ConfigError, RunFailed
+from currytrain.weights import MARKER, STEP_DIR, checkpoint_problem, complete_checkpoints, file_digests, is_complete
 
 
 class TrainState(Stateful):
@@ -116,10 +121,13 @@ def _barrier() -> None:
 
 
 class Checkpointer:
-    def __init__(self, folder: Path, keep_last: int, is_main: bool):
+    def __init__(self, folder: Path, keep_last: int, is_main: bool, model_node: dict[str, Any] | None = None):
         self.folder = Path(folder)
         self.keep_last = keep_last
         self.is_main = is_main
+        self.model_node = model_node
+        """The model's config node, kept in each marker: a checkpoint copied out of its run folder still says
+        which model it holds, so a resume into another architecture is refused before loading."""
 
     def save(self, train_state: TrainState) -> Path:
         path = self.folder / f"step_{train_state.step}"
@@ -127,15 +135,34 @@ class Checkpointer:
             shutil.rmtree(path)  # an interrupted save of the same step: start it afresh
         _barrier()
         started = time.perf_counter()
-        with _quiet_single_process():
-            dcp.save({"train": train_state}, checkpoint_id=str(path), no_dist=not _distributed())
-        _barrier()  # every rank's shards are on disk before the marker says so
+        try:
+            with _quiet_single_process():
+                dcp.save({"train": train_state}, checkpoint_id=str(path), no_dist=not _distributed())
+            _barrier()  # every rank's shards are on disk before the marker says so
+            if self.is_main:
+                marker = {"step": train_state.step, "seconds": round(time.perf_counter() - started, 3), "files": file_digests(path), "model": self.model_node}
+                write_atomically(path / MARKER, json.dumps(marker) + "\n")
+        except (Exception, CheckpointException) as error:
+            raise self._failed_save(path, error) from error
         if self.is_main:
-            marker = {"step": train_state.step, "seconds": round(time.perf_counter() - started, 3)}
-            (path / MARKER).write_text(json.dumps(marker) + "\n")
             self._prune(train_state.step)
         _barrier()
         return path
+
+    def _failed_save(self, path: Path, error: BaseException) -> BaseException:
+        """A save that could not write: remove its partial folder (it holds no marker, and removing it frees
+        the space it took) and say why, when the storage is the cause; other errors pass through."""
+        cause = write_failure_cause(error, self.folder)
+        if cause is None:
+            return error
+        if self.is_main:
+            shutil.rmtree(path, ignore_errors=True)
+        intact = [p.name for p in complete_checkpoints(self.folder) if p != path]
+        kept = f"the earlier checkpoints are intact ({', '.join(intact)})" if intact else "no earlier checkpoint exists"
+        return RunFailed(
+            f"could not write the checkpoint {path.name} into {self.folder}: {cause}; {kept}. "
+            "Free space (or make the folder writable), then continue with trainer.resume=auto"
+        )
 
     def _prune(self, saved_step: int) -> None:
         """Keep the newest keep_last complete checkpoints, and drop interrupted saves older than the one
@@ -149,6 +176,7 @@ class Checkpointer:
 
     @staticmethod
     def load(path: Path, train_state: TrainState) -> None:
+        """Load a checkpoint that checkpoint_problem found intact (the caller checks: it picks another if not)."""
         if not is_complete(path):
             raise ConfigError(f"trainer.resume: {path} is not a complete checkpoint (no {MARKER} marker)")
         saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
@@ -163,7 +191,51 @@ class Checkpointer:
 def load_model_state(path: Path, model_state: dict[str, Any]) -> None:
     """Fill `model_state` (a model's state_dict) in place from a checkpoint's weights, leaving out the
     optimizer, schedule and RNG: for exports and for starting other runs from these weights."""
-    if not is_complete(path):
-        raise ConfigError(f"{path} is not a complete checkpoint (no {MARKER} marker)")
+    if problem := checkpoint_problem(path) or metadata_problem(path):
+        raise ConfigError(f"{path} {problem}: pass an earlier checkpoint (`currytrain verify RUN` lists the intact ones)")
     with _quiet_single_process():
         dcp.load({"train": {"model": model_state}}, checkpoint_id=str(path), no_dist=not _distributed())
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write a small file whole or not at all (a temporary file renamed over it)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
+METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+METADATA_GLOBALS = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP's .metadata (which torch reads with plain pickle) allowing only the classes such
+    metadata holds: DCP's own records, torch sizes, dtypes and layouts, paths. Anything else (os.system,
+    eval, ...) is refused before it runs."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = module in METADATA_MODULES or (module, name) in METADATA_GLOBALS
+        if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)):
+            allowed = True
+        if not allowed:
+            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in checkpoint metadata")
+        return super().find_class(module, name)
+
+
+def metadata_problem(path: Path) -> str | None:
+    """Why the checkpoint's .metadata must not be unpickled by torch (it names a callable that metadata
+    never holds: a file crafted to run code), or None. Checked before every load."""
+    try:
+        with (Path(path) / ".metadata").open("rb") as handle:
+            _MetadataUnpickler(handle).load()
+    except pickle.UnpicklingError as error:
+        return f".metadata is unsafe to load ({error})"
+    except Exception as error:  # truncated or garbled: the checksums usually say so first
+        return f".metadata cannot be read ({type(error).__name__}: {error})"
+    return None

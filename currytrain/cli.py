@@ -5,6 +5,7 @@
     currytrain hf import SRC [--out DIR]     a Hugging Face checkpoint (folder or Hub id) -> curryTrain folder
     currytrain hf export RUN OUTDIR          a curryTrain run or import folder -> Hugging Face folder
     currytrain journal RUN                   a run's journal as a timeline
+    currytrain verify RUN                    each checkpoint against its checksums (exit 1 if one fails)
     currytrain compare RUN_OR_SWEEP [...]    runs grouped by config, seed-noise-aware verdicts, report.md
     currytrain diagnose RUN [--json]         what went wrong, and the fix
     currytrain bench [overrides] [--json]    tokens/s, MFU and the step's split for a config
@@ -23,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from currytrain.errors import ConfigError, Outcome
+from currytrain.errors import ConfigError, Outcome, RunFailed
 
 
 def _hf_import(args: argparse.Namespace) -> None:
@@ -103,6 +104,25 @@ def _journal(args: argparse.Namespace) -> None:
     if not path.is_file():
         raise ConfigError(f"{args.run} has no {JOURNAL}: pass a run folder or its journal file")
     print("\n".join(timeline(read_journal(path))))
+
+
+def _verify(args: argparse.Namespace) -> None:
+    from currytrain.checkpoint import metadata_problem
+    from currytrain.weights import STEP_DIR, checkpoint_problem, is_complete
+
+    run = Path(args.run).expanduser()
+    folder = run if STEP_DIR.match(run.name) else run / "checkpoints"
+    if not folder.is_dir():
+        raise ConfigError(f"{args.run} has no checkpoints/ folder: pass a run folder or one of its checkpoints/step_N")
+    paths = [folder] if folder.name != "checkpoints" else sorted((p for p in folder.iterdir() if STEP_DIR.match(p.name)), key=lambda p: int(p.name[5:]))
+    problems = {path: checkpoint_problem(path) or (metadata_problem(path) if is_complete(path) else None) for path in paths}
+    for path, problem in problems.items():
+        print(f"{path.name}: {'ok' if problem is None else problem}")
+    if not paths:
+        print(f"{folder}: no checkpoints")
+    bad = [path.name for path, problem in problems.items() if problem]
+    if bad:
+        raise RunFailed(f"{len(bad)} of {len(paths)} checkpoints cannot be loaded ({', '.join(bad)}); trainer.resume=auto falls back to the newest intact one")
 
 
 def _compare(args: argparse.Namespace) -> None:
@@ -212,6 +232,10 @@ def _add_runs(commands: argparse._SubParsersAction) -> None:
     journal = commands.add_parser("journal", help="print a run's journal as a readable timeline")
     journal.add_argument("run", help="a run folder (or its journal.jsonl)")
     journal.set_defaults(handler=_journal)
+
+    verify = commands.add_parser("verify", help="check a run's checkpoints against the checksums written when they were saved")
+    verify.add_argument("run", help="a run folder (or one of its checkpoints/step_N)")
+    verify.set_defaults(handler=_verify)
 
     compare = commands.add_parser("compare", help="compare runs, seeds and sweeps with a seed-noise-aware verdict")
     compare.add_argument("runs", nargs="+", help="run folders, multirun folders or sweep folders")

@@ -154,3 +154,36 @@ def unknown_list_choices(args: list[str], conf_dirs: list[Path]) -> list[str]:
                     f"{override.key_or_group}={override.input_line.split('=', 1)[1]}: {override.key_or_group} has no option '{name}': choose from {options}"
                 )
     return problems
+
+
+def broken_yaml_choices(args: list[str], conf_dirs: list[Path]) -> list[str]:
+    """The chosen options (`experiment=my_idea`, `logger=[a,b]`) whose YAML file does not parse: Hydra would
+    print the YAML parser's whole traceback; this names the file, the line and the problem."""
+    import yaml
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        overrides = OverridesParser.create().parse_overrides([arg for arg in args if "=" in arg and not arg.startswith("-")])
+    except HydraException:
+        return []
+    searched = [*conf_dirs]
+    for override in overrides:
+        if override.key_or_group == "hydra.searchpath" and isinstance(override.value(), list):
+            searched += [Path(str(entry).removeprefix("file://")) for entry in override.value() if not str(entry).startswith("pkg://")]
+    problems = []
+    for override in overrides:
+        value = override.value()
+        for name in value if isinstance(value, list) else [value]:
+            for conf_dir in searched:
+                path = conf_dir / override.key_or_group / f"{name}.yaml"
+                if not isinstance(name, str) or not path.is_file():
+                    continue
+                try:
+                    yaml.safe_load(path.read_text())
+                except yaml.YAMLError as error:
+                    mark = getattr(error, "problem_mark", None)
+                    where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+                    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+                    problems.append(f"{override.key_or_group}={name}: {path} is not valid YAML ({where.strip()}: {problem}): fix that file")
+    return problems

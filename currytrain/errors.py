@@ -2,6 +2,7 @@
 turn them into exit codes, so one bad trial of a sweep fails that trial and not the whole process.
 
     0 ok | 1 crash (any other exception) or a failed run | 2 config error | 3 failed ladder gate | 4 abort
+    128 + N: stopped by signal N (130 Ctrl-C, 143 SIGTERM, 138 SIGUSR1), as a shell reports it
 
 Each outcome is a CompactHydraException: Hydra prints its message alone, without a traceback.
 """
@@ -15,6 +16,7 @@ EXIT_CRASH = 1
 EXIT_CONFIG_ERROR = 2
 EXIT_GATE_FAILED = 3
 EXIT_ABORTED = 4
+EXIT_SIGNAL_BASE = 128
 
 
 class Outcome(CompactHydraException):
@@ -51,6 +53,16 @@ class Pruned(Outcome):
     """The sweep's pruner stopped this trial early; the sweeper records it as PRUNED, not as a failure."""
 
     exit_code = EXIT_ABORTED
+
+
+class Interrupted(Outcome):
+    """A signal (Ctrl-C, SIGTERM, a scheduler's pre-emption warning) stopped the run between steps, after a
+    checkpoint; the exit code is 128 + the signal's number."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = EXIT_SIGNAL_BASE + signum
 
 
 class ConfigRejected(BaseException):

@@ -18,6 +18,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from currytrain.diskio import append_line, write_failure_cause
+from currytrain.errors import RunFailed
+
 TRACKED_PACKAGES = ("currytrain", "torch", "hydra-core", "omegaconf", "numpy", "tensorboard", "rich")
 
 
@@ -71,7 +74,7 @@ def config_diff(config: dict, defaults: dict) -> dict[str, dict[str, Any]]:
 
 
 class Journal:
-    """Append-only JSONL file; only the main rank writes."""
+    """Append-only JSONL file, written in whole lines (a failed write leaves none behind); only the main rank writes."""
 
     def __init__(self, path: Path, enabled: bool = True):
         self.path = Path(path)
@@ -81,8 +84,15 @@ class Journal:
         if not self.enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as file:
-            file.write(json.dumps(record, default=str) + "\n")
+        try:
+            append_line(self.path, json.dumps(record, default=str))
+        except OSError as error:
+            cause = write_failure_cause(error, self.path.parent)
+            if cause is None:
+                raise
+            raise RunFailed(
+                f"could not append to the journal {self.path}: {cause}. Free space (or make the folder writable), then continue with trainer.resume=auto"
+            ) from error
 
     def header(self, *, seed: int, world_size: int, overrides: list[str], diff: dict, cwd: Path) -> None:
         """The first line of a new journal; a relaunch into the same folder appends a `launch` event instead."""

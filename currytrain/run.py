@@ -15,7 +15,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from currytrain.errors import Aborted, ConfigError, GateFailed, Pruned
+from currytrain.diskio import storage_failure
+from currytrain.errors import Aborted, ConfigError, GateFailed, Interrupted, Pruned
 from currytrain.journal import Journal, config_diff
 from currytrain.parallel.dims import launched_world_size
 from currytrain.validate import raise_on_problems, validate
@@ -93,11 +94,19 @@ OUTCOME_EVENTS = {ConfigError: "config_error", Aborted: "abort", Pruned: "pruned
 
 
 def journal_outcome(journal: Journal, error: BaseException) -> None:
-    kind = next((name for cls, name in OUTCOME_EVENTS.items() if isinstance(error, cls)), "failure")
-    fields = {"message": str(error), "error": type(error).__name__}
-    if kind == "failure":
-        fields["traceback"] = "".join(traceback.format_exception(error))
-    journal.event(kind, **fields)
+    if isinstance(error, Interrupted):
+        return  # the Trainer journaled it, with the checkpoint it saved
+    if isinstance(error, KeyboardInterrupt):  # Ctrl-C outside the training loop, or twice: nothing saved
+        kind, fields = "interrupted", {"signal": "SIGINT", "checkpoint": None}
+    else:
+        kind = next((name for cls, name in OUTCOME_EVENTS.items() if isinstance(error, cls)), "failure")
+        fields = {"message": str(error), "error": type(error).__name__}
+        if kind == "failure":
+            fields["traceback"] = "".join(traceback.format_exception(error))
+    try:
+        journal.event(kind, **fields)
+    except Exception as failed:  # the journal's own write failed (a full disk): the error being raised matters more
+        logging.getLogger(__name__).warning("could not journal how the run ended: %s", failed)
 
 
 def run_worker(resolved_path: Path) -> float | None:
@@ -127,6 +136,8 @@ def run_worker(resolved_path: Path) -> float | None:
             val_loss = Trainer(cfg, run_dir, state, hooks=build_hooks(cfg)).train()
     except BaseException as error:
         journal_outcome(journal, error)
+        if (explained := storage_failure(error)) is not None:
+            raise explained from error
         raise
     if journal.enabled:
         print(f"final val loss {val_loss:.4f} nats/token | run folder: {run_dir}")

@@ -26,7 +26,7 @@ from currytrain.optim.config import AdamWConfig
 from currytrain.parallel.config import ParallelConfig
 from currytrain.parallel.dims import ParallelDims, launched_world_size
 from currytrain.rules import divisors
-from currytrain.weights import architecture_mismatch, model_node_of, resume_checkpoint, safetensors_problem
+from currytrain.weights import architecture_mismatch, checkpoint_step, model_node_of, resume_checkpoint, safetensors_problem
 
 
 def schema_of(node: DictConfig) -> type | None:
@@ -163,7 +163,14 @@ def _check_run_dir(cfg: DictConfig, run_dir: str | None) -> list[str]:
             return [f"trainer.resume={resume} holds no complete checkpoint: pass trainer.resume=auto, or a run folder or checkpoint that has one"]
         return []
     problem = _model_problem(model_node_of(checkpoint), cfg)
-    return [f"trainer.resume={resume} ({checkpoint}) {problem}"] if problem else []
+    if problem:
+        return [f"trainer.resume={resume} ({checkpoint}) {problem}"]
+    step = checkpoint_step(checkpoint)
+    if resume != "auto" and step is not None and step >= cfg.trainer.max_steps:  # auto: a finished run relaunched, a no-op
+        return [
+            f"trainer.resume={resume} is at step {step}, so trainer.max_steps={cfg.trainer.max_steps} leaves nothing to train: pass trainer.max_steps=<more than {step}>"
+        ]
+    return []
 
 
 def _check_rollback(cfg: DictConfig) -> list[str]:

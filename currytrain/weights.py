@@ -7,6 +7,7 @@ folder (resolved.yaml + checkpoints/) or one checkpoint folder (<run>/checkpoint
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -20,12 +21,49 @@ from currytrain.model.config import APPLIED_FROM_OUTSIDE
 MODEL_YAML = "model.yaml"
 RESOLVED = "resolved.yaml"
 MARKER = "COMPLETE"
-"""Written last into a checkpoint folder, once every rank's shards are on disk."""
+"""Written last into a checkpoint folder, once every rank's shards are on disk. It holds the folder's
+manifest: each file's size and SHA-256, so a load can tell a shard cut short or changed on disk."""
 STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 def is_complete(path: Path) -> bool:
     return (Path(path) / MARKER).is_file()
+
+
+def file_digests(folder: Path) -> dict[str, dict[str, Any]]:
+    """{name: {"bytes", "sha256"}} of every file in a checkpoint folder but its marker."""
+    digests = {}
+    for path in sorted(Path(folder).iterdir()):
+        if path.is_file() and path.name != MARKER:
+            with path.open("rb") as handle:
+                digests[path.name] = {"bytes": path.stat().st_size, "sha256": hashlib.file_digest(handle, "sha256").hexdigest()}
+    return digests
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why the checkpoint folder `path` must not be loaded (an interrupted save, a file missing, cut short or
+    changed since the save), or None when every file matches the manifest. A marker without a manifest
+    (written before checksums existed) is trusted."""
+    path = Path(path)
+    if not is_complete(path):
+        return f"has no {MARKER} marker (an interrupted save)"
+    try:
+        manifest = json.loads((path / MARKER).read_text()).get("files")
+    except (ValueError, AttributeError, OSError):
+        return f"its {MARKER} marker is unreadable (changed since the save)"
+    if manifest is None:
+        return None
+    for name, expected in manifest.items():
+        file = path / name
+        if not file.is_file():
+            return f"is missing {name}"
+        size = file.stat().st_size
+        if size != expected["bytes"]:
+            return f"{name} has {size} bytes, the save wrote {expected['bytes']} (truncated or overwritten)"
+        with file.open("rb") as handle:
+            if hashlib.file_digest(handle, "sha256").hexdigest() != expected["sha256"]:
+                return f"{name} differs from its checksum (its bytes changed since the save)"
+    return None
 
 
 def complete_checkpoints(folder: Path) -> list[Path]:
@@ -39,14 +77,30 @@ def complete_checkpoints(folder: Path) -> list[Path]:
 
 def find_checkpoint(location: Path) -> Path | None:
     """The checkpoint to resume from: a checkpoint folder itself, or the latest complete one of a run folder."""
+    found = checkpoint_candidates(location)
+    return found[0] if found else None
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step a complete checkpoint folder was saved at (from its marker, else its name)."""
+    try:
+        return int(json.loads((Path(path) / MARKER).read_text())["step"])
+    except (ValueError, KeyError, TypeError, OSError):
+        match = STEP_DIR.match(Path(path).name)
+        return int(match.group(1)) if match else None
+
+
+def checkpoint_candidates(location: Path) -> list[Path]:
+    """What a resume from `location` may load, newest first: the checkpoint folder itself, or the complete
+    checkpoints of a run folder (an older one stands in when a newer one fails its checksums)."""
     location = Path(location)
     if is_complete(location):
-        return location
+        return [location]
     for folder in (location / "checkpoints", location):
         found = complete_checkpoints(folder)
         if found:
-            return found[-1]
-    return None
+            return found[::-1]
+    return []
 
 
 def resume_checkpoint(resume: str, run_dir: str | Path | None) -> Path | None:
@@ -59,6 +113,13 @@ def resume_checkpoint(resume: str, run_dir: str | Path | None) -> Path | None:
 def model_node_of(path: str | Path) -> dict[str, Any] | None:
     """The model config node the weights at `path` were written with, or None if `path` is none of the three."""
     path = Path(path).expanduser()
+    if is_complete(path):  # a checkpoint folder names its model in its marker, even copied out of its run
+        try:
+            node = json.loads((path / MARKER).read_text()).get("model")
+        except (ValueError, AttributeError, OSError):
+            node = None
+        if node:
+            return node
     for candidate, key in ((path / MODEL_YAML, None), (path / RESOLVED, "model"), (path.parent.parent / RESOLVED, "model")):
         if candidate.is_file():
             node = OmegaConf.load(candidate)

@@ -96,3 +96,113 @@ class HangingBytes(StdlibBytes):
         if split == "train" and step == self.hang_at and rank == self.hang_rank:
             time.sleep(self.hang_seconds)
         return super().batch(split, step, micro, batch_size, rank, num_ranks)
+
+
+class _QuietLogger:
+    """The logger protocol doing nothing; the faults below each act at one moment of the run."""
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        pass
+
+    def log_config(self, config: Mapping) -> None:
+        pass
+
+    def log_text(self, name: str, text: str, step: int = 0) -> None:
+        pass
+
+    def log_histogram(self, name, values, step: int) -> None:
+        pass
+
+    def close(self, status: str = "finished") -> None:
+        pass
+
+
+def _kill_self() -> None:
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Killer(_QuietLogger):
+    """SIGKILLs its own process at step `at`, at the moment `where` names (a power cut, an OOM killer):
+    step: after the optimizer step, before any checkpoint of that step;
+    eval: inside the evaluation of that step (evaluations happen at trainer.eval_every);
+    checkpoint: inside the save of that step, after DCP wrote the shards and before the COMPLETE marker."""
+
+    def __init__(self, run_dir: str, at: int = 3, where: str = "step"):
+        import currytrain.checkpoint as checkpoint
+        import currytrain.trainer.trainer as trainer
+
+        self.at, self.where, self.step = at, where, 0
+        if where == "eval":
+            loss = trainer.causal_lm_loss
+
+            def killing_loss(logits, targets):
+                if self.step == at and not torch_is_grad_enabled():
+                    _kill_self()
+                return loss(logits, targets)
+
+            trainer.causal_lm_loss = killing_loss
+        elif where == "checkpoint":
+            digests = checkpoint.file_digests
+
+            def killing_digests(folder):
+                if folder.name == f"step_{at}":
+                    _kill_self()
+                return digests(folder)
+
+            checkpoint.file_digests = killing_digests
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        self.step = step
+        if self.where == "step" and step == self.at:
+            _kill_self()
+
+
+def torch_is_grad_enabled() -> bool:
+    import torch
+
+    return torch.is_grad_enabled()
+
+
+class DiskFiller(_QuietLogger):
+    """At step `at`, fills the file system of the run folder but `leave_bytes` (a ballast file): a disk
+    that another job filled. With leave_bytes > 0 the journal's lines still fit and the next checkpoint
+    does not; with 0, the journal's next line fails."""
+
+    def __init__(self, run_dir: str, at: int = 3, leave_bytes: int = 0):
+        from pathlib import Path
+
+        self.ballast, self.at, self.leave_bytes = Path(run_dir) / "ballast", at, leave_bytes
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        import shutil
+
+        if step != self.at or self.ballast.exists():  # evaluations log at the same step again
+            return
+        free = shutil.disk_usage(self.ballast.parent).free - self.leave_bytes
+        chunk = b"\0" * 65536
+        with self.ballast.open("wb") as handle:
+            try:
+                while free > 0:
+                    free -= handle.write(chunk[: max(1, min(len(chunk), free))])
+                    handle.flush()
+            except OSError:
+                pass
+
+
+class ReadOnlyAfter(_QuietLogger):
+    """At step `at`, makes the run folder read-only under the run (a read-only bind mount over it; root
+    only): files opened from then on cannot be written, as on a disk the kernel remounted read-only."""
+
+    def __init__(self, run_dir: str, at: int = 3):
+        self.run_dir, self.at, self.done = run_dir, at, False
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        import subprocess
+
+        if step == self.at and not self.done:  # evaluations log at the same step again
+            self.done = True
+            subprocess.run(["mount", "--bind", self.run_dir, self.run_dir], check=True)
+            subprocess.run(["mount", "-o", "remount,ro,bind", self.run_dir], check=True)

@@ -59,10 +59,15 @@ BAD_CONFIGS = [
     (["abort.rollback_lr_scale=2"], ["abort.rollback_lr_scale=2.0 must be in (0, 1]"]),
     (["model.dim=1000000"], ["the run needs about", "parameters), more than this machine's available RAM", "lower model.dim"]),
     (["trainer.batch_size=100000000"], ["the run needs about", "activations", "lower trainer.batch_size"]),
+    (["check=preflight", "check.stages.preflight.batch_size=0"], ["check.stages.preflight.batch_size=0 must be >= 1"]),
+    (["check=nope"], ["Could not find 'check/nope'", "ladder"]),
+    (["sweep=nope"], ["Could not find 'sweep/nope'", "tpe"]),
+    (["hydra/launcher=nope"], ["Could not find 'hydra/launcher/nope'", "slurm"]),
     (["logger=[tensorboard,nope]"], ["logger has no option 'nope': choose from ['jsonl', 'mlflow', 'tensorboard', 'wandb']"]),
 ]
 
 
+@pytest.mark.reliability(kind="bad input")
 @pytest.mark.parametrize(("overrides", "expected"), BAD_CONFIGS, ids=[" ".join(o) for o, _ in BAD_CONFIGS])
 def test_bad_config_exits_2_with_one_clear_message(overrides, expected, tmp_path):
     run_dir = tmp_path / "run"

@@ -57,9 +57,10 @@ class TextConfig(ByteCorpusConfig):
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
         """The paths hold readable text, and enough of it for one sequence in each split (sized, not read)."""
-        from currytrain.data.files import find_text_files, plan_split, planned_sizes
+        from currytrain.data.files import find_text_files, not_text, plan_split, planned_sizes
 
         files, problems = find_text_files(node.paths, node.suffixes)
+        problems += [f"{path}.paths: {problem}" for file in files if (problem := not_text(file))]
         if files and not problems and 0 < node.val_fraction < 1 and node.max_bytes >= 0:
             train, val = planned_sizes(plan_split(files, node.val_fraction, node.max_bytes, node.seed))
             if min(train, val) <= node.seq_len + 1:

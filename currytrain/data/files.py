@@ -30,6 +30,27 @@ def find_text_files(paths: Iterable[str], suffixes: Iterable[str]) -> tuple[list
     return list(unique.values()), problems
 
 
+SNIFF_BYTES = 4096
+
+
+def not_text(path: Path) -> str | None:
+    """Why `path` cannot feed data=text (unreadable, or binary: NUL bytes or invalid UTF-8 in its first
+    4 KiB), or None. A model trained on random bytes only learns the uniform loss, silently."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(SNIFF_BYTES)
+    except OSError as error:
+        return f"{path} cannot be read ({error.strerror}): make it readable, or leave it out of data.paths"
+    try:
+        head.decode("utf-8")
+        binary = b"\0" in head
+    except UnicodeDecodeError as error:
+        binary = error.start < len(head) - 3  # a character cut by the 4 KiB boundary is not binary
+    if binary:
+        return f"{path} is not UTF-8 text (binary bytes in its first {SNIFF_BYTES} bytes): leave it out of data.paths, or narrow data.suffixes"
+    return None
+
+
 def split_files(files: list[Path], val_fraction: float, seed: int) -> tuple[list[Path], list[Path]]:
     """Hold out whole files for validation, chosen by a seeded shuffle of the sorted list."""
     order = sorted(files)

@@ -24,7 +24,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from currytrain.errors import Aborted, ConfigError, GateFailed, Outcome, Pruned, RunFailed, exit_code_of
+from currytrain.errors import Aborted, ConfigError, GateFailed, Interrupted, Outcome, Pruned, RunFailed, exit_code_of
 from currytrain.journal import Journal
 from currytrain.weights import RESOLVED
 
@@ -52,6 +52,7 @@ def worker_threads() -> int:
 
 def launch_workers(resolved_path: Path, nproc: int) -> float:
     """Run `nproc` workers on this machine and return rank 0's final val loss; raise the failed rank's outcome."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -78,6 +79,14 @@ def launch_workers(resolved_path: Path, nproc: int) -> float:
         results = elastic_launch(config, worker_entry)(str(resolved_path))
     except ChildFailedError as error:
         raise _outcome_of(run_dir, error.failures) from None
+    except SignalException as error:  # Ctrl-C or SIGTERM to the launcher: the agent stopped the workers
+        name = signal.Signals(error.sigval).name
+        Journal(run_dir / "journal.jsonl").event("interrupted", signal=name, checkpoint=None, by="launcher")
+        raise Interrupted(
+            f"stopped by {name}: the workers were stopped without a checkpoint (a multi-process run saves on trainer.checkpoint_every only); "
+            "continue from the newest with trainer.resume=auto",
+            error.sigval,
+        ) from None
     return results[0]
 
 

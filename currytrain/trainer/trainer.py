@@ -14,10 +14,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from currytrain.build import build
-from currytrain.checkpoint import Checkpointer, TrainState
+from currytrain.checkpoint import Checkpointer, TrainState, metadata_problem
 from currytrain.components import Components, build_components
 from currytrain.data import HasEvalMetrics
-from currytrain.errors import Aborted, ConfigError, Pruned, RunFailed
+from currytrain.errors import Aborted, ConfigError, Interrupted, Pruned, RunFailed
 from currytrain.journal import Journal
 from currytrain.logger.base import MultiLogger
 from currytrain.model.hooks import HasTrainingMetrics
@@ -26,8 +26,9 @@ from currytrain.parallel.state import ParallelState, resolve_device
 from currytrain.trainer.heartbeat import Heartbeat
 from currytrain.trainer.hooks import Action, Decision, StepHook, decide
 from currytrain.trainer.progress import Progress
+from currytrain.trainer.signals import StopSignals
 from currytrain.trainer.step import causal_lm_loss, full, run_accumulated_step
-from currytrain.weights import find_checkpoint, resume_checkpoint
+from currytrain.weights import checkpoint_candidates, checkpoint_problem
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,8 @@ class Trainer:
         # fp16 needs loss scaling (validation allows it on CUDA only); bf16 has fp32's range and needs none.
         self.scaler = torch.amp.GradScaler(self.state.device.type) if self.cfg.precision == "fp16" else None
         self.train_state = TrainState(self.module, self.optimizer, self.scheduler, rank=self.state.rank)
-        self.checkpointer = Checkpointer(self.run_dir / "checkpoints", self.cfg.keep_last, self.state.is_main)
+        model_node = OmegaConf.to_container(cfg.model, resolve=True)
+        self.checkpointer = Checkpointer(self.run_dir / "checkpoints", self.cfg.keep_last, self.state.is_main, model_node)
         self.journal = Journal(self.run_dir / "journal.jsonl", enabled=self.state.is_main)
         self.loggers = build_loggers(cfg.logger, self.run_dir, enabled=self.state.is_main)
         self.loggers.log_config(OmegaConf.to_container(cfg, resolve=True))
@@ -71,6 +73,8 @@ class Trainer:
         # Where each rank is, for `currytrain diagnose` to name a straggler (the journal is rank 0's).
         self.heartbeat = Heartbeat(self.run_dir, self.state.rank, enabled=self.state.world_size > 1)
         self.memory_logged = False
+        self.saved_step: int | None = None
+        self.stop_signals = StopSignals()
         # trainer.batch_size is the global batch: the dp ranks split it, so this does not depend on their number.
         self.tokens_per_step = self.cfg.batch_size * self.cfg.grad_accum * self.data.seq_len
 
@@ -100,10 +104,13 @@ class Trainer:
         self.journal.event("start", step=self.step, num_params=num_params, device=str(self.state.device), data=self.data.describe())
         log.info("model: %.2fM parameters on %s; %d tokens per step", num_params / 1e6, self.state.device, self.tokens_per_step)
         started = time.perf_counter()
-        with Progress(self.cfg.max_steps, self.step, enabled=self.cfg.progress and self.state.is_main) as progress:
+        progress = Progress(self.cfg.max_steps, self.step, enabled=self.cfg.progress and self.state.is_main)
+        with progress, self.stop_signals.installed(enabled=self.state.world_size == 1):
             while self.step < self.cfg.max_steps:
                 metrics = self.train_step()
                 progress.update(self.step, metrics["train/loss"], metrics["train/tokens_per_s"])
+                if self.stop_signals.received is not None:
+                    self.stop_on_signal(self.stop_signals.received)
         val_loss = self.evaluate()
         seconds = time.perf_counter() - started
         if not math.isfinite(val_loss):
@@ -197,7 +204,7 @@ class Trainer:
     def rollback(self, reason: str, lr_scale: float = 1.0) -> None:
         """Continue from the newest complete checkpoint of this run (an abort condition asked for it), on
         data the failed steps did not see, with every learning rate scaled by lr_scale."""
-        path = find_checkpoint(self.run_dir / "checkpoints")
+        path = self.intact_checkpoint(self.run_dir / "checkpoints")
         if path is None:
             raise Aborted(f"step {self.step}: {reason}; no complete checkpoint to roll back to (set trainer.checkpoint_every)")
         from_step = self.step
@@ -236,19 +243,50 @@ class Trainer:
         log.info("step %d: val loss %.4f%s", self.step, val_loss, "".join(f", {key} {value:.4f}" for key, value in means.items()))
         return val_loss
 
-    def save_checkpoint(self) -> None:
+    def save_checkpoint(self) -> Path:
         path = self.checkpointer.save(self.train_state)
+        self.saved_step = self.step
         self.journal.event("checkpoint", step=self.step, path=str(path.relative_to(self.run_dir)))
+        return path
+
+    def stop_on_signal(self, signum) -> None:
+        """A stop signal arrived during this step: save (unless this step just did, or
+        trainer.checkpoint_on_signal=false), journal it and stop with exit code 128 + the signal."""
+        path = None
+        if self.cfg.checkpoint_on_signal:
+            path = self.save_checkpoint() if self.saved_step != self.step else self.checkpointer.folder / f"step_{self.step}"
+        saved = f"checkpoint {path.relative_to(self.run_dir)} saved" if path else "no checkpoint saved (trainer.checkpoint_on_signal=false)"
+        self.journal.event("interrupted", step=self.step, signal=signum.name, checkpoint=str(path.relative_to(self.run_dir)) if path else None)
+        raise Interrupted(f"stopped by {signum.name} after step {self.step}: {saved}. Continue with trainer.resume=auto (same run folder)", signum)
+
+    def intact_checkpoint(self, location: Path) -> Path | None:
+        """The newest checkpoint at `location` whose files match their checksums; each newer one that does
+        not is journaled (checkpoint_corrupt) and passed over, with a warning."""
+        for path in checkpoint_candidates(location):
+            problem = checkpoint_problem(path) or metadata_problem(path)
+            if problem is None:
+                return path
+            self.journal.event("checkpoint_corrupt", step=self.step, path=str(path), problem=problem)
+            log.warning("checkpoint %s %s: not loading it, trying an earlier one", path, problem)
+        return None
 
     def maybe_resume(self) -> bool:
-        """Load the checkpoint trainer.resume points at; True when the run continues from one."""
-        path = resume_checkpoint(self.cfg.resume, self.run_dir)
+        """Load the checkpoint trainer.resume points at (the newest intact one); True when the run continues from one."""
+        if self.cfg.resume == "none":
+            return False
+        location = self.run_dir if self.cfg.resume == "auto" else Path(self.cfg.resume).expanduser()
+        path = self.intact_checkpoint(location)
         if path is None:
+            if checkpoint_candidates(location):
+                raise ConfigError(
+                    f"trainer.resume={self.cfg.resume}: no checkpoint in {location} passes its checksums (the journal's checkpoint_corrupt "
+                    "events say why): restore them from a copy, or move them aside and start over in a new run folder"
+                )
             if self.cfg.resume == "auto":
                 log.info("trainer.resume=auto: no complete checkpoint in %s, starting fresh", self.run_dir)
-            elif self.cfg.resume != "none":  # validation catches this first; a folder emptied since is caught here
-                raise ConfigError(f"trainer.resume={self.cfg.resume} holds no complete checkpoint: pass trainer.resume=auto or a checkpoint folder")
-            return False
+                return False
+            # validation catches this first; a folder emptied since is caught here
+            raise ConfigError(f"trainer.resume={self.cfg.resume} holds no complete checkpoint: pass trainer.resume=auto or a checkpoint folder")
         self.checkpointer.load(path, self.train_state)
         self.journal.event("resume", step=self.step, path=str(path))
         log.info("resumed from %s at step %d", path, self.step)

@@ -1,0 +1,85 @@
+"""Ctrl-C, SIGTERM and SLURM's SIGUSR1 warning: the step finishes, a checkpoint is saved and journaled, the
+command exits 128 + the signal with one short line, and trainer.resume=auto ends with the weights of the
+uninterrupted run (test_kill_resume.py's)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, TINY
+from currytrain.journal import read_journal
+from reliability.runs import RUN, same_weights
+
+SLOW = "+logger.slow={_target_:tests.faulty.SlowLogger,seconds:0.3}"
+"""Steps slow enough for the signal to arrive mid-run."""
+
+
+def _journal(run_dir):
+    path = run_dir / "journal.jsonl"
+    return read_journal(path) if path.exists() else []
+
+
+def _interrupt(run_dir, signum: int, *overrides: str) -> subprocess.CompletedProcess:
+    """Start the run, send `signum` once its journal shows step 2, and wait for it to end."""
+    args = [sys.executable, str(ROOT / "launch.py"), *TINY, *RUN, SLOW, *overrides, f"hydra.run.dir={run_dir}"]
+    process = subprocess.Popen(args, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not any(event["type"] == "metrics" and event["step"] >= 2 for event in _journal(run_dir)):
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
+        time.sleep(0.05)
+    process.send_signal(signum)
+    stdout, stderr = process.communicate(timeout=240)
+    return subprocess.CompletedProcess(args, process.returncode, stdout, stderr)
+
+
+@pytest.mark.slow
+@pytest.mark.reliability(fault="signal to a single-process run", protection="finish the step, checkpoint, journal, exit 128+N; resume=auto")
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["Ctrl-C (SIGINT)", "SIGTERM"])
+def test_a_signal_saves_journals_and_resumes_to_the_uninterrupted_weights(signum, uninterrupted, tmp_path, record_property):
+    run_dir = tmp_path / "run"
+    result = _interrupt(run_dir, signum)
+    assert result.returncode == 128 + signum, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    (interrupted,) = [event for event in _journal(run_dir) if event["type"] == "interrupted"]
+    step = interrupted["step"]
+    assert interrupted["signal"] == signal.Signals(signum).name and interrupted["checkpoint"] == f"checkpoints/step_{step}"
+    assert f"stopped by {signal.Signals(signum).name} after step {step}: checkpoint checkpoints/step_{step} saved" in result.stderr
+    assert step < 8, "the run stopped early"
+
+    resumed = subprocess.run(
+        [sys.executable, str(ROOT / "launch.py"), *TINY, *RUN, "trainer.resume=auto", f"hydra.run.dir={run_dir}"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    events = _journal(run_dir)
+    assert [e["step"] for e in events if e["type"] == "resume"] == [step]
+    assert same_weights(run_dir, uninterrupted)
+    record_property("data_lost", 0)
+
+
+@pytest.mark.slow
+@pytest.mark.reliability(fault="SIGTERM to the launcher of 2 workers", protection="journaled by the launcher, workers stopped, exit 143")
+def test_a_signal_to_the_launcher_of_workers_is_journaled_and_leaves_no_process(tmp_path, record_property):
+    run_dir = tmp_path / "run"
+    result = _interrupt(run_dir, signal.SIGTERM, "parallel=ddp", "parallel.nproc=2")
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
+    assert "stopped by SIGTERM: the workers were stopped" in result.stderr and "Traceback" not in result.stderr
+    interrupted = [event for event in _journal(run_dir) if event["type"] == "interrupted"]
+    assert [(event["signal"], event.get("by")) for event in interrupted][-1] == ("SIGTERM", "launcher")
+    workers = [int(line.split()[-1]) for line in (run_dir / "workers" / "rank_0.stdout").read_text().splitlines() if line.startswith("curryTrain worker")]
+    workers += [int(line.split()[-1]) for line in (run_dir / "workers" / "rank_1.stdout").read_text().splitlines() if line.startswith("curryTrain worker")]
+    assert len(workers) == 2 and not any(_alive(pid) for pid in workers), "a worker outlived its launcher"
+    record_property("data_lost", 0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
