@@ -9,7 +9,26 @@ from currytrain.data.corpus import StdlibBytes
 from currytrain.model.gqa import GQATransformer
 
 
-class CrashingLogger:
+class _QuietLogger:
+    """The logger protocol doing nothing; the faults below each act at one moment of the run."""
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        pass
+
+    def log_config(self, config: Mapping) -> None:
+        pass
+
+    def log_text(self, name: str, text: str, step: int = 0) -> None:
+        pass
+
+    def log_histogram(self, name, values, step: int) -> None:
+        pass
+
+    def close(self, status: str = "finished") -> None:
+        pass
+
+
+class CrashingLogger(_QuietLogger):
     """A logger whose log_metrics raises at step `fail_at`: a crash in the middle of training."""
 
     closed: list[str] = []
@@ -20,15 +39,6 @@ class CrashingLogger:
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         if step >= self.fail_at:
             raise RuntimeError(f"logger exploded at step {step}")
-
-    def log_config(self, config: Mapping) -> None:
-        pass
-
-    def log_text(self, name: str, text: str, step: int = 0) -> None:
-        pass
-
-    def log_histogram(self, name, values, step: int) -> None:
-        pass
 
     def close(self, status: str = "finished") -> None:
         CrashingLogger.closed.append((self.run_dir, status))
@@ -60,28 +70,15 @@ class RejectingLogger:
         raise ConfigError("logger.reject: this logger refuses every run: remove +logger.reject")
 
 
-class SlowLogger:
+class SlowLogger(_QuietLogger):
     """A logger that sleeps `seconds` per log_metrics call: a run slow enough to be interrupted on cue."""
 
     def __init__(self, run_dir: str, seconds: float = 0.1):
         self.seconds = seconds
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        import time
 
         time.sleep(self.seconds)
-
-    def log_config(self, config: Mapping) -> None:
-        pass
-
-    def log_text(self, name: str, text: str, step: int = 0) -> None:
-        pass
-
-    def log_histogram(self, name, values, step: int) -> None:
-        pass
-
-    def close(self, status: str = "finished") -> None:
-        pass
 
 
 class HangingBytes(StdlibBytes):
@@ -96,25 +93,6 @@ class HangingBytes(StdlibBytes):
         if split == "train" and step == self.hang_at and rank == self.hang_rank:
             time.sleep(self.hang_seconds)
         return super().batch(split, step, micro, batch_size, rank, num_ranks)
-
-
-class _QuietLogger:
-    """The logger protocol doing nothing; the faults below each act at one moment of the run."""
-
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        pass
-
-    def log_config(self, config: Mapping) -> None:
-        pass
-
-    def log_text(self, name: str, text: str, step: int = 0) -> None:
-        pass
-
-    def log_histogram(self, name, values, step: int) -> None:
-        pass
-
-    def close(self, status: str = "finished") -> None:
-        pass
 
 
 def _kill_self() -> None:
