@@ -77,7 +77,6 @@ class SlowLogger(_QuietLogger):
         self.seconds = seconds
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-
         time.sleep(self.seconds)
 
 
