@@ -26,14 +26,20 @@ __all__ = [
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
-    """The root config with launch.py's overrides, composed outside a running Hydra app."""
+    """The root config with launch.py's overrides, composed outside a running Hydra app. An unknown option
+    or key raises ConfigError with Hydra's message (it lists the options): exit code 2 in the CLI."""
     from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
 
     from currytrain.config import CONF_DIR, register_configs
+    from currytrain.errors import ConfigError
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
+        try:
+            return compose(config_name="config", overrides=overrides)
+        except HydraException as error:
+            raise ConfigError(str(error).split("\nConfig search path:")[0]) from None
 
 
 def build_step_setup(cfg: DictConfig, state: ParallelState | None = None) -> Components:

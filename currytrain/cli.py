@@ -8,6 +8,7 @@
     currytrain compare RUN_OR_SWEEP [...]    runs grouped by config, seed-noise-aware verdicts, report.md
     currytrain diagnose RUN [--json]         what went wrong, and the fix
     currytrain bench [overrides] [--json]    tokens/s, MFU and the step's split for a config
+    currytrain estimate [overrides] [--tokens T] [--gpu h100]   FLOPs, time, device-hours and money of a run
 
 Each subcommand imports its machinery only when it runs, so `currytrain --help` stays instant.
 A typed outcome (currytrain.errors) prints one message and exits with its code: 2 for a user error.
@@ -37,7 +38,7 @@ def _hf_import(args: argparse.Namespace) -> None:
 def _hf_export(args: argparse.Namespace) -> None:
     from currytrain.hf import export_hf
 
-    out = export_hf(args.run, args.outdir, dtype=args.dtype, overwrite=args.overwrite)
+    out = export_hf(args.run, args.outdir, dtype=args.dtype, overwrite=args.overwrite, max_shard_size=args.max_shard_size)
     print(f"exported {args.run} -> {out} (config.json + model.safetensors): transformers.AutoModelForCausalLM.from_pretrained('{out}')")
 
 
@@ -89,6 +90,7 @@ def _add_hf(commands: argparse._SubParsersAction) -> None:
     save.add_argument("outdir", help="output folder for config.json + model.safetensors")
     save.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None, help="cast the weights (default: as stored)")
     save.add_argument("--overwrite", action="store_true", help="replace OUTDIR if it exists")
+    save.add_argument("--max-shard-size", default="5GB", help="larger weights are split into shards of at most this size, with an index (default: 5GB)")
     save.set_defaults(handler=_hf_export)
 
 
@@ -158,6 +160,26 @@ def _bench(args: argparse.Namespace) -> None:
     print(f"peak memory: {result['peak_memory_bytes'] / 2**20:,.0f} MiB")
 
 
+def _estimate(args: argparse.Namespace) -> None:
+    from currytrain.benchmark import compose_config
+    from currytrain.cost.estimate import estimate_cost
+    from currytrain.validate import raise_on_problems, validate
+
+    cfg = compose_config([*args.overrides, *([f"cost={args.gpu}"] if args.gpu else [])])
+    raise_on_problems(validate(cfg))
+    estimate = estimate_cost(cfg, args.tokens)
+    print(json.dumps(estimate.as_dict(), indent=2) if args.json else estimate.describe())
+
+
+def _add_estimate(commands: argparse._SubParsersAction) -> None:
+    estimate = commands.add_parser("estimate", help="FLOPs, time, device-hours and money of a run before it runs")
+    estimate.add_argument("overrides", nargs="*", help="launch.py overrides, e.g. model/size=small cost.num_devices=8")
+    estimate.add_argument("--tokens", type=float, default=None, help="tokens to train (default: the run's max_steps x batch x seq_len)")
+    estimate.add_argument("--gpu", default=None, help="the cost option to price on (conf/cost/: h100, a100, cpu); same as cost=NAME")
+    estimate.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    estimate.set_defaults(handler=_estimate)
+
+
 def _add_runs(commands: argparse._SubParsersAction) -> None:
     bench = commands.add_parser("bench", help="time training steps of a config: tokens/s, MFU, forward/backward/optimizer split")
     bench.add_argument("overrides", nargs="*", help="launch.py overrides, e.g. model/size=small trainer.precision=bf16")
@@ -188,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_project(commands)
     _add_hf(commands)
     _add_runs(commands)
+    _add_estimate(commands)
     return parser
 
 

@@ -49,11 +49,14 @@ class Components:
         return None if self.state.fabric is not None else PRECISION_DTYPES[self.cfg.trainer.precision]
 
 
-def build_components(cfg: DictConfig, state: ParallelState) -> Components:
-    """Data, then the model (seeded by cfg.seed, then parallelized for `state`), then its optimizer and schedule."""
+def build_components(cfg: DictConfig, state: ParallelState, data: Any = None) -> Components:
+    """Data, then the model (seeded by cfg.seed, then parallelized for `state`), then its optimizer and schedule.
+
+    data: an adapter already built from this same cfg.data (the ladder's sub-runs share one), else built here.
+    """
     allow_modules(cfg.build.allow)
     torch.manual_seed(cfg.seed)
-    data = build(cfg.data)
+    data = build(cfg.data) if data is None else data
     parallel = build(cfg.parallel)
     model = parallel.apply(build_model(cfg.model), state, cfg.model, cfg.trainer.precision, compile=cfg.trainer.compile)
     # The optimizer sees the parallelized model (FSDP's sharded parameters); ZeRO-1 then wraps it.

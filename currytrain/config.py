@@ -19,10 +19,24 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from currytrain.abort.config import AbortConfig, NoAbortConfig
-from currytrain.check.config import FullLadderConfig, NoCheckConfig, PreflightCheckConfig, SanityCheckConfig, SkeletonCheckConfig
-from currytrain.data.config import StdlibBytesConfig, SyntheticConfig, TextConfig, TokensConfig
+from currytrain.check.config import (
+    AblationCheckConfig,
+    CapacityCheckConfig,
+    FullLadderConfig,
+    LRRangeCheckConfig,
+    MupCheckCheckConfig,
+    NoCheckConfig,
+    PreflightCheckConfig,
+    ProbeCheckConfig,
+    SanityCheckConfig,
+    ScalingCheckConfig,
+    SeedsCheckConfig,
+    SkeletonCheckConfig,
+)
+from currytrain.cost.config import CostConfig
+from currytrain.data.config import DigitsConfig, ProbeConfig, StdlibBytesConfig, SyntheticConfig, TableConfig, TextConfig, TokensConfig
 from currytrain.logger.config import JsonlConfig, MLflowConfig, TensorBoardConfig, WandbConfig
-from currytrain.model.config import GQAConfig, MoEConfig, SpikingConfig
+from currytrain.model.config import GQAConfig, MLPConfig, MoEConfig, SpikingConfig
 from currytrain.optim.config import AdamWConfig, SGDConfig
 from currytrain.parallel.config import ParallelConfig
 from currytrain.sweep.config import SWEEP_PRESETS, NoSweepConfig, OptunaSweepConfig
@@ -30,8 +44,16 @@ from currytrain.trainer.config import TrainerConfig
 
 # group -> option name -> schema. The YAML option <group>/<name>.yaml extends /schema/<group>/<name>.
 SCHEMAS: dict[str, dict[str, type]] = {
-    "model": {"gqa": GQAConfig, "moe": MoEConfig, "spiking": SpikingConfig},
-    "data": {"bytes": StdlibBytesConfig, "text": TextConfig, "synthetic": SyntheticConfig, "tokens": TokensConfig},
+    "model": {"gqa": GQAConfig, "moe": MoEConfig, "spiking": SpikingConfig, "mlp": MLPConfig},
+    "data": {
+        "bytes": StdlibBytesConfig,
+        "text": TextConfig,
+        "synthetic": SyntheticConfig,
+        "tokens": TokensConfig,
+        "probe": ProbeConfig,
+        "digits": DigitsConfig,
+        "table": TableConfig,
+    },
     "parallel": {name: ParallelConfig for name in ("single", "ddp", "zero1", "zero2", "fsdp", "hsdp")},
     "optimizer": {"adamw": AdamWConfig, "sgd": SGDConfig},
     "logger": {"tensorboard": TensorBoardConfig, "jsonl": JsonlConfig, "mlflow": MLflowConfig, "wandb": WandbConfig},
@@ -40,10 +62,18 @@ SCHEMAS: dict[str, dict[str, type]] = {
         "skeleton": SkeletonCheckConfig,
         "preflight": PreflightCheckConfig,
         "sanity": SanityCheckConfig,
+        "lr_range": LRRangeCheckConfig,
+        "mup": MupCheckCheckConfig,
+        "seeds": SeedsCheckConfig,
+        "ablation": AblationCheckConfig,
+        "capacity": CapacityCheckConfig,
+        "probe": ProbeCheckConfig,
+        "scaling": ScalingCheckConfig,
         "ladder": FullLadderConfig,
     },
     "sweep": {"none": NoSweepConfig, **{name: OptunaSweepConfig for name in SWEEP_PRESETS}},
     "abort": {"none": NoAbortConfig, "default": AbortConfig, "strict": AbortConfig},
+    "cost": {"h100": CostConfig, "a100": CostConfig, "cpu": CostConfig},
 }
 
 
@@ -65,6 +95,7 @@ class RootConfig:
     check: Any = MISSING
     sweep: Any = MISSING
     abort: Any = MISSING
+    cost: Any = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     build: BuildConfig = field(default_factory=BuildConfig)
     seed: int = 0

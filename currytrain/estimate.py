@@ -51,14 +51,15 @@ def estimate_memory(cfg: DictConfig) -> MemoryEstimate:
     """Bytes one process needs for the run `cfg` (fp32 weights, gradients and optimizer state)."""
     model, trainer = cfg.model, cfg.trainer
     num_params = count_parameters(model)
-    tokens = trainer.batch_size * cfg.data.seq_len
+    tokens = trainer.batch_size * cfg.data.get("seq_len", 1)  # tables (data=digits) have one row per example
     element = 2 if trainer.precision == "bf16" else 4
     hidden = model.get("expert_hidden", 0) * model.get("top_k", 0) + model.get("mlp_hidden", 0)
-    per_token_layer = 10 * model.dim + 4 * hidden  # norms, q/k/v, attention out, residuals; SwiGLU's three
+    per_token_layer = 10 * model.get("dim", 0) + 4 * hidden  # norms, q/k/v, attention out, residuals; SwiGLU's three
     if model.get("ac", "none") == "full":
-        per_token_layer = model.dim  # only each block's input is kept
-    activations = tokens * model.n_layers * per_token_layer * element * model.get("timesteps", 1)
-    activations += tokens * model.vocab_size * 4 * 3  # logits, their fp32 copy, the loss gradient
+        per_token_layer = model.get("dim", 0)  # only each block's input is kept
+    activations = tokens * model.get("n_layers", 0) * per_token_layer * element * model.get("timesteps", 1)
+    # A classifier (model=mlp) has num_classes outputs where a decoder has vocab_size.
+    activations += tokens * model.get("vocab_size", model.get("num_classes", 0)) * 4 * 3  # logits, their fp32 copy, the loss gradient
     states = OPTIMIZER_STATES.get(cfg.optimizer.get("_target_"), 2)
     return MemoryEstimate(num_params, 4 * num_params, 4 * num_params, 4 * states * num_params, activations)
 

@@ -19,8 +19,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from currytrain.build import target_problems
-from currytrain.data.config import BYTE_VOCAB
+from currytrain.data.config import BYTE_VOCAB, DigitsConfig, TabularConfig
 from currytrain.errors import ConfigError, ConfigRejected
+from currytrain.model.config import DecoderConfig, MLPConfig
 from currytrain.optim.config import AdamWConfig
 from currytrain.parallel.config import ParallelConfig
 from currytrain.parallel.dims import ParallelDims, launched_world_size
@@ -81,7 +82,7 @@ def _data_vocab(data: DictConfig) -> tuple[int | None, str]:
 
 def _check_model_and_data(cfg: DictConfig) -> list[str]:
     data, model, problems = cfg.data, cfg.model, []
-    if "max_seq_len" in model and data.seq_len > model.max_seq_len >= 1:
+    if "max_seq_len" in model and "seq_len" in data and data.seq_len > model.max_seq_len >= 1:
         problems.append(
             f"data.seq_len={data.seq_len} exceeds model.max_seq_len={model.max_seq_len}: pass data.seq_len={model.max_seq_len} or raise model.max_seq_len"
         )
@@ -93,6 +94,27 @@ def _check_model_and_data(cfg: DictConfig) -> list[str]:
         problems.append(
             f"model.mup=true sets Adam's per-layer learning rates, but optimizer builds {cfg.optimizer._target_}: pass optimizer=adamw, or model.mup=false"
         )
+    return problems
+
+
+DIGITS_SHAPE = (64, 10)
+"""Features and classes of data=digits (scikit-learn's 8x8 images)."""
+
+
+def _check_tables(cfg: DictConfig) -> list[str]:
+    """Rows of features (data=digits|table) go to a classifier of feature vectors, token sequences to a decoder."""
+    data, model = cfg.data, cfg.model
+    if _is(data, TabularConfig) and _is(model, DecoderConfig):
+        return [f"data builds {data._target_}, rows of features, but model builds {model._target_}, a decoder of token sequences: pass model=mlp ~model/size"]
+    if _is(model, MLPConfig) and not _is(data, TabularConfig):
+        return [f"model=mlp classifies rows of features, but data builds {data._target_}, token sequences: pass data=digits, or data=table data.path=<table>"]
+    problems = []
+    if _is(data, DigitsConfig) and _is(model, MLPConfig):
+        features, classes = DIGITS_SHAPE
+        if model.in_features != features:
+            problems.append(f"model.in_features={model.in_features} but data=digits rows hold {features} features: pass model.in_features={features}")
+        if model.num_classes < classes:
+            problems.append(f"model.num_classes={model.num_classes} but data=digits has {classes} classes: pass model.num_classes={classes}")
     return problems
 
 
@@ -203,6 +225,8 @@ def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
     """All problems of a composed config (empty when it is good)."""
     try:
         task = OmegaConf.masked_copy(cfg, [key for key in cfg.keys() if key != "hydra"]) if "hydra" in cfg else cfg
+        if mismatch := _check_tables(cfg):  # alone: the other checks read fields (data.seq_len) one side lacks
+            return mismatch
         problems = target_problems(task, extra=cfg.build.allow)
         problems += check_tree(cfg)
         for check in CROSS_GROUP_CHECKS:

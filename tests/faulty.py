@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
+from currytrain.data.corpus import StdlibBytes
 from currytrain.model.gqa import GQATransformer
 
 
@@ -80,3 +82,17 @@ class SlowLogger:
 
     def close(self, status: str = "finished") -> None:
         pass
+
+
+class HangingBytes(StdlibBytes):
+    """The stdlib byte corpus, except that rank `hang_rank` hangs for `hang_seconds` reading the training
+    batches of step `hang_at`: a straggler the other ranks wait for in their next collective."""
+
+    def __init__(self, *args, hang_rank: int = 1, hang_at: int = 4, hang_seconds: float = 600.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.hang_rank, self.hang_at, self.hang_seconds = hang_rank, hang_at, hang_seconds
+
+    def batch(self, split, step, micro, batch_size, rank=0, num_ranks=1):
+        if split == "train" and step == self.hang_at and rank == self.hang_rank:
+            time.sleep(self.hang_seconds)
+        return super().batch(split, step, micro, batch_size, rank, num_ranks)

@@ -9,6 +9,7 @@ import torch
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from conftest import TINY
 from currytrain.benchmark import build_step_setup
 from currytrain.build import build
 from currytrain.config import SCHEMAS
@@ -43,7 +44,24 @@ def test_every_group_is_a_package_and_every_schema_has_a_yaml():
             assert target is None or target.startswith(module_prefix), f"{group}={name} builds {target}, outside {module_prefix}"
 
 
+TABLE_OPTIONS = {("model", "mlp"), ("data", "digits"), ("data", "table"), ("experiment", "digits")}
+"""Options of tables of features: an MLP classifier on rows, not a decoder on tokens (no model/size, no TINY decoder sizes)."""
+
+
+def _table_overrides(group: str, option: str, tmp_path: Path) -> list[str]:
+    overrides = ["model=mlp", "~model/size", *(o for o in TINY if o.startswith(("trainer.", "optimizer.")))]
+    if group == "experiment":
+        return [f"experiment={option}", *overrides[2:]]
+    if option != "table":
+        return [*overrides, "data=digits"]
+    table = tmp_path / "rows.csv"
+    table.write_text("a,b,label\n" + "".join(f"{i % 7},{i % 5},{i % 3}\n" for i in range(40)))
+    return [*overrides, "data=table", f"data.path={table}", "model.in_features=2", "model.num_classes=3"]
+
+
 def _option_overrides(group: str, option: str, tmp_path: Path) -> list[str]:
+    if (group, option) in TABLE_OPTIONS:
+        return _table_overrides(group, option, tmp_path)
     if group == "logger":
         return [f"logger=[{option}]"]
     overrides = [f"{group}={option}"]
@@ -68,7 +86,7 @@ def _option_overrides(group: str, option: str, tmp_path: Path) -> list[str]:
 
 @pytest.mark.parametrize(("group", "option"), ALL_OPTIONS, ids=[f"{g}={o}" for g, o in ALL_OPTIONS])
 def test_compose_and_build_every_option(group, option, compose_cfg, tmp_path):
-    tiny = not (group == "model" or group.startswith("model/"))
+    tiny = not (group == "model" or group.startswith("model/")) and (group, option) not in TABLE_OPTIONS
     cfg = compose_cfg(*_option_overrides(group, option, tmp_path), tiny=tiny)
     assert validate(cfg) == [], validate(cfg)
     if group == "model/size":  # full sizes: the model alone
@@ -77,8 +95,11 @@ def test_compose_and_build_every_option(group, option, compose_cfg, tmp_path):
     parts = build_step_setup(cfg)  # data, model, optimizer and schedule, as a run builds them
     assert isinstance(parts.model, torch.nn.Module)
     inputs, targets = parts.data.batch("train", 1, 0, 2)
-    assert inputs.shape == targets.shape == (2, cfg.data.seq_len)
-    assert int(inputs.max()) < cfg.model.vocab_size
+    if (group, option) in TABLE_OPTIONS:  # rows of features and a class each
+        assert inputs.shape == (2, cfg.model.in_features) and targets.shape == (2,) and int(targets.max()) < cfg.model.num_classes
+    else:
+        assert inputs.shape == targets.shape == (2, cfg.data.seq_len)
+        assert int(inputs.max()) < cfg.model.vocab_size
     assert isinstance(parts.optimizer, torch.optim.Optimizer)
     assert build(cfg.parallel).nproc == cfg.parallel.nproc
     for node in cfg.logger.values():

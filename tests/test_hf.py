@@ -41,6 +41,7 @@ TINY = dict(
     max_position_embeddings=64,
 )
 
+YARN_SCALING = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64)
 LLAMA3_SCALING = dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=16)
 
 # case -> (architecture, config class, overrides): each case exercises what its family or shape adds.
@@ -54,6 +55,10 @@ CASES = {
     # Llama 3.2's: llama3 RoPE scaling (an original context of 16 so the ramp bends this small head's bands), tied head.
     "llama-3.2-shaped": ("LlamaForCausalLM", "LlamaConfig", dict(rope_theta=500000.0, tie_word_embeddings=True, rope_scaling=LLAMA3_SCALING)),
     "llama-linear-rope": ("LlamaForCausalLM", "LlamaConfig", dict(rope_scaling=dict(rope_type="linear", factor=4.0))),
+    # Qwen3 with YaRN for long context: pairs 0-2 of this 8-pair head are kept, the rest interpolated, cos/sin x 1.14.
+    "qwen3-yarn": ("Qwen3ForCausalLM", "Qwen3Config", dict(head_dim=16, rope_theta=10000.0, rope_scaling=YARN_SCALING)),
+    # Dynamic NTK: an original context of 8 tokens, so the 16 test tokens rescale theta.
+    "llama-dynamic-rope": ("LlamaForCausalLM", "LlamaConfig", dict(max_position_embeddings=8, rope_scaling=dict(rope_type="dynamic", factor=2.0))),
     # Mistral v0.1 attends over a sliding window (6 < the 16 test tokens and the 24 generated); v0.3 has none.
     "mistral-v0.1-shaped": ("MistralForCausalLM", "MistralConfig", dict(sliding_window=6, head_dim=16)),
     "mistral-v0.3-shaped": ("MistralForCausalLM", "MistralConfig", dict(sliding_window=None, head_dim=24)),
@@ -107,9 +112,11 @@ def greedy(model: torch.nn.Module, prompt: torch.Tensor, steps: int) -> torch.Te
     return tokens
 
 
-def hf_greedy(model: torch.nn.Module, prompt: torch.Tensor) -> torch.Tensor:
+def hf_greedy(model: torch.nn.Module, prompt: torch.Tensor, use_cache: bool = True) -> torch.Tensor:
     with torch.no_grad():
-        return model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=NUM_NEW_TOKENS, min_new_tokens=NUM_NEW_TOKENS)
+        return model.generate(
+            prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=NUM_NEW_TOKENS, min_new_tokens=NUM_NEW_TOKENS, use_cache=use_cache
+        )
 
 
 def load_exported(folder: Path) -> torch.nn.Module:
@@ -141,9 +148,12 @@ def test_import_export_round_trip_matches_transformers(case, tmp_path):
         torch.testing.assert_close(exported(TOKENS).logits, expected, atol=1e-5, rtol=0)
 
     prompt = TOKENS[:1, :4]
-    reference_tokens = hf_greedy(reference, prompt)
+    # Dynamic RoPE past the original context: transformers' KV cache keeps keys rotated with the bases of
+    # earlier lengths, so only its uncached generation is the model's function of the whole sequence.
+    dynamic = CASES[case][2].get("rope_scaling", {}).get("rope_type") == "dynamic"
+    reference_tokens = hf_greedy(reference, prompt, use_cache=not dynamic)
     assert reference_tokens.shape[1] == 4 + NUM_NEW_TOKENS
-    assert torch.equal(hf_greedy(exported, prompt), reference_tokens)
+    assert torch.equal(hf_greedy(exported, prompt, use_cache=not dynamic), reference_tokens)
     assert torch.equal(greedy(ours, prompt, NUM_NEW_TOKENS), reference_tokens)
 
 
@@ -277,7 +287,11 @@ def test_export_family_follows_the_model_class(monkeypatch):
 @pytest.mark.parametrize(
     "architecture, overrides, message",
     [
-        ("LlamaForCausalLM", dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), r"rope_type=dynamic .*default, linear and llama3"),
+        (
+            "LlamaForCausalLM",
+            dict(rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8, "original_max_position_embeddings": 32}),
+            r"rope_type=longrope .*default, linear, llama3 .*yarn and dynamic",
+        ),
         ("LlamaForCausalLM", dict(attention_bias=True), "attention_bias"),
         ("LlamaForCausalLM", dict(hidden_act="gelu"), "hidden_act=gelu"),
         ("Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=16, max_window_layers=0), "sliding-window"),
@@ -468,12 +482,15 @@ def test_rope_scaling_and_window_change_the_logits(tmp_path):
 
     from currytrain.model import build_model
 
-    for case, field, plain in (("llama-3.2-shaped", "rope_scaling", "none"), ("mistral-v0.1-shaped", "sliding_window", 0)):
+    cases = (("llama-3.2-shaped", "rope_scaling", "none"), ("qwen3-yarn", "rope_scaling", "none"), ("llama-dynamic-rope", "rope_scaling", "none"))
+    cases += (("mistral-v0.1-shaped", "sliding_window", 0),)
+    for case, field, plain in cases:
         make_hf_model(case).save_pretrained(tmp_path / case)
         imported = import_hf(str(tmp_path / case), tmp_path / f"{case}-imported")
         node, state, _ = read_model(imported)
         assert node[field] not in (plain, None)
-        unscaled = build_model(OmegaConf.create({**node, field: plain})).eval()
+        # Past an original context shorter than the input (dynamic), the unscaled model needs the longer table.
+        unscaled = build_model(OmegaConf.create({**node, field: plain, "max_seq_len": max(node["max_seq_len"], TOKENS.shape[1])})).eval()
         unscaled.load_state_dict({**state, "output.weight": state.get("output.weight", state["tok_embeddings.weight"])})
         with torch.no_grad():
             assert (unscaled(TOKENS) - load_model(imported)(TOKENS)).abs().max() > 1e-3
@@ -511,7 +528,8 @@ def test_init_from_accepts_a_shorter_context(tmp_path, compose_cfg):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("model.rope_scaling=yarn", r"model.rope_scaling=yarn is not one of \['none', 'linear', 'llama3'\]"),
+        ("model.rope_scaling=longrope", r"model.rope_scaling=longrope is not one of \['none', 'linear', 'llama3', 'yarn', 'dynamic'\]"),
+        ("model.rope_beta_slow=40", "model.rope_beta_fast=32.0 must exceed model.rope_beta_slow=40.0 > 0"),
         ("model.head_dim=15", "model.head_dim=15 is odd, RoPE needs an even head size: pass model.head_dim=16"),
         ("model.sliding_window=-1", "model.sliding_window=-1 must be >= 0"),
         ("model.rope_high_freq_factor=0.5", "must exceed model.rope_low_freq_factor"),
@@ -520,7 +538,7 @@ def test_init_from_accepts_a_shorter_context(tmp_path, compose_cfg):
 def test_bad_rope_fields_are_config_errors(override, message, compose_cfg):
     from currytrain.validate import validate
 
-    extra = ["model.rope_scaling=llama3"] if "freq" in override else []
+    extra = ["model.rope_scaling=llama3"] if "freq" in override else ["model.rope_scaling=yarn"] if "beta" in override else []
     problems = validate(compose_cfg(*extra, override))
     assert any(__import__("re").search(message, p) for p in problems), problems
 
@@ -568,3 +586,24 @@ def test_corrupted_weights_exit_2_from_the_commands(tmp_path):
     done = cli("hf", "import", str(tmp_path / "hf"), "--out", str(tmp_path / "again"))
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0 and f"{tmp_path}/hf/model.safetensors" in done.stderr, done.stderr
     assert not (tmp_path / "again").exists()
+
+
+def test_export_shards_large_weights_and_keeps_the_router_coefficient(tmp_path):
+    """Weights above --max-shard-size go to shards with an index transformers loads; the MoE load-balancing
+    coefficient travels to router_aux_loss_coef and back on import; a bad size is a ConfigError, nothing written."""
+    node, ours = make_moe_model(aux_loss_coef=0.02)
+    write_hf(node, ours.state_dict(), tmp_path / "sharded", max_shard_size=100_000)
+    shards = sorted(p.name for p in (tmp_path / "sharded").glob("model-*.safetensors"))
+    assert len(shards) > 1 and not (tmp_path / "sharded" / "model.safetensors").exists()
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    assert sorted(set(index["weight_map"].values())) == shards
+    exported = load_exported(tmp_path / "sharded")
+    assert exported.config.router_aux_loss_coef == 0.02
+    with torch.no_grad():
+        torch.testing.assert_close(exported(TOKENS).logits, ours(TOKENS), atol=1e-5, rtol=0)
+    import_hf(str(tmp_path / "sharded"), tmp_path / "reimported")
+    node_back, _, _ = read_model(tmp_path / "reimported")
+    assert node_back["aux_loss_coef"] == 0.02
+    with pytest.raises(ConfigError, match="--max-shard-size 5 gigs"):
+        write_hf(node, ours.state_dict(), tmp_path / "bad", max_shard_size="5 gigs")
+    assert not (tmp_path / "bad").exists()

@@ -143,7 +143,7 @@ def test_val_split_that_repeats_train_is_caught(built):
 
 @pytest.mark.parametrize("model", ["gqa", "moe", "spiking"])
 def test_healthy_families_pass_every_gate(model, compose_cfg, tmp_path, one_thread):
-    cfg = compose_cfg(f"model={model}", "check=ladder", SMALL_DATA, "model.n_layers=2", "logger=[jsonl]")
+    cfg = compose_cfg(f"model={model}", "check=sanity", SMALL_DATA, "model.n_layers=2", "logger=[jsonl]")
     results = run_ladder(cfg, ParallelState(), tmp_path, Journal(tmp_path / "journal.jsonl"))
     assert [r.stage for r in results] == ["skeleton", "preflight", "sanity"]
     for result in results:

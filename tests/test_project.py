@@ -97,6 +97,16 @@ def test_each_kind_of_idea_trains_at_once(project, name, tmp_path):
     assert (tmp_path / "resolved.yaml").read_text().count(f"experiments.{name}.") == 2  # its model and its data
 
 
+@pytest.mark.slow
+def test_a_classifier_idea_climbs_check_sanity(project, tmp_path):
+    """The stages ask the adapter for its shapes (targets (batch, 1), num_classes) instead of assuming a language model's."""
+    result = run([sys.executable, "launch.py", "experiment=my_classifier", "check=sanity", f"hydra.run.dir={tmp_path}", *QUICK], project)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = (tmp_path / "report.md").read_text()
+    assert "| batch shapes | PASS | inputs (2, 32) torch.int64" in report and "targets (2, 1) torch.int64" in report
+    assert "| causality | PASS | not a next-token task" in report and "## sanity: " in report
+
+
 def test_generated_code_passes_the_linter(project):
     for family in FAMILIES:
         scaffold(f"from_{family}", family=family, start=project)

@@ -202,3 +202,20 @@ def test_parquet_rows_are_documents_and_bad_files_are_named(tokenizer, tmp_path)
     (folder / "broken.parquet").write_bytes(b"PAR1 this is not parquet")
     with pytest.raises(ConfigError, match=r"broken\.parquet is not a readable Parquet file"):
         corpus(tokenizer, folder, tmp_path / "cache", text_field="content")
+
+
+def test_a_hugging_face_datasets_folder_is_read_offline(tokenizer, tmp_path):
+    """save_to_disk writes .arrow files (as the datasets cache holds them): every row of every split is a
+    document, read by pyarrow without the Hub; a missing column names the file and what it has."""
+    datasets = pytest.importorskip("datasets")
+    rows = {"train": [f"train row {i}: a bird sang in the tall green tree. " * 6 for i in range(9)], "test": ["the test row. " * 12] * 3}
+    folder = tmp_path / "saved"
+    datasets.DatasetDict({name: datasets.Dataset.from_dict({"body": texts}) for name, texts in rows.items()}).save_to_disk(str(folder))
+    assert list(folder.rglob("*.arrow"))
+    data = corpus(tokenizer, folder, tmp_path / "cache", text_field="body", val_fraction=0.25)
+    assert json.loads((data.cache / "meta.json").read_text())["num_docs"] == 12
+    with pytest.raises(ConfigError, match=r"data.text_field=text: .*\.arrow has no column 'text' \(it has \['body'\]\)"):
+        corpus(tokenizer, folder, tmp_path / "cache")
+    (folder / "broken.arrow").write_bytes(b"ARROW1 not really")
+    with pytest.raises(ConfigError, match=r"broken\.arrow is not a readable Arrow file"):
+        corpus(tokenizer, folder, tmp_path / "cache", text_field="body")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from currytrain.rules import at_least, positive
+from currytrain.rules import at_least, one_of, positive
 
 
 @dataclass
@@ -56,6 +56,13 @@ class PreflightConfig:
     """Val windows (of data.seq_len tokens) searched for in the train stream."""
     max_overlap: float = 0.25
     """Largest share of those val windows allowed to occur verbatim in the train stream."""
+    near_distance: float = 0.05
+    """Tables (data=digits|table): a val row within this root-mean-square distance of a train row, per feature
+    in train standard deviations, is a near duplicate."""
+    max_duplicate_share: float = 0.0
+    """Tables: largest share of val (or test) rows allowed an exact or near duplicate in train."""
+    target_threshold: float = 0.99
+    """Tables: a feature that alone predicts at least this share of the val classes encodes the target."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
@@ -64,6 +71,9 @@ class PreflightConfig:
         problems += positive(node, path, "leak_margin", 0.25)
         if not 0 <= node.max_overlap <= 1:
             problems.append(f"{path}.max_overlap={node.max_overlap} must be in [0, 1]: pass {path}.max_overlap=0.25")
+        if not 0 <= node.max_duplicate_share <= 1:
+            problems.append(f"{path}.max_duplicate_share={node.max_duplicate_share} must be in [0, 1]: pass {path}.max_duplicate_share=0.0")
+        problems += positive(node, path, "near_distance", 0.05) + positive(node, path, "target_threshold", 0.99)
         return problems
 
 
@@ -104,6 +114,190 @@ class SanityConfig:
 
 
 @dataclass
+class LRRangeConfig:
+    """Stage lr_range: exponential lr sweep over fresh batches, smoothed loss, divergence, a suggested lr."""
+
+    _target_: str = "currytrain.check.lr_range.LRRange"
+    min_lr: float = 1.0e-5
+    """First lr of the sweep (peak lr of the first parameter group; muP groups keep their ratio)."""
+    max_lr: float = 10.0
+    """Last lr of the sweep, if the loss has not diverged before."""
+    steps: int = 100
+    """Optimizer steps of the sweep, one per lr, evenly spaced in log(lr)."""
+    batch_size: int = 16
+    """Sequences per step (a fresh batch every step)."""
+    smoothing: float = 0.9
+    """Coefficient of the loss's exponential moving average (bias-corrected); 0 disables smoothing."""
+    diverge_factor: float = 4.0
+    """The sweep stops once the smoothed loss exceeds this multiple of its minimum."""
+    rule: str = "min_loss"
+    """min_loss: the lr at the smoothed minimum / min_loss_divisor; steepest: the lr where the loss falls fastest."""
+    min_loss_divisor: float = 10.0
+    """Divisor of the min_loss rule."""
+    min_drop: float = 0.1
+    """Nats the smoothed loss must fall during the sweep (else the model does not learn: the gate)."""
+    lr_tolerance: float = 3.0
+    """Warn when optimizer.lr is more than this factor away from the suggestion."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        problems = at_least(node, path, ("steps", "batch_size"), minimum=1)
+        problems += positive(node, path, "min_lr", 1e-5) + positive(node, path, "min_loss_divisor", 10.0) + positive(node, path, "diverge_factor", 4.0)
+        problems += one_of(node, path, "rule", ("min_loss", "steepest"))
+        if node.min_lr > 0 and not node.max_lr > node.min_lr:
+            problems.append(f"{path}.max_lr={node.max_lr} must be above {path}.min_lr={node.min_lr}: pass {path}.max_lr=10.0")
+        if not 0 <= node.smoothing < 1:
+            problems.append(f"{path}.smoothing={node.smoothing} must be in [0, 1): pass {path}.smoothing=0.9")
+        if node.steps < 3:
+            problems.append(f"{path}.steps={node.steps} leaves no curve to read: pass {path}.steps=100")
+        return problems
+
+
+@dataclass
+class MupCheckConfig:
+    """Stage mup: muP's coordinate check, activation/update/gradient scales per layer type against width."""
+
+    _target_: str = "currytrain.check.mup.MupCheck"
+    widths: list[int] = field(default_factory=lambda: [64, 128, 256])
+    """Values of model.dim to build (hidden sizes scale alike; each must divide by model.n_heads)."""
+    steps: int = 5
+    """Adam steps on one fixed batch at every width."""
+    batch_size: int = 8
+    """Sequences in that batch."""
+    lr: float | None = None
+    """Constant lr of the steps (null: optimizer.lr); muP's per-layer ratios are kept."""
+    tolerance: float = 2.0
+    """Largest max/min ratio across widths allowed for each activation and update scale (the gate)."""
+    standard_fails: bool = True
+    """With model.mup=false, a width-dependent model fails the gate; false makes it a warning (check=ladder)."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        problems = at_least(node, path, ("steps", "batch_size")) + positive(node, path, "tolerance", 2.0)
+        if len(node.widths) < 2 or any(not w >= 1 for w in node.widths):
+            problems.append(f"{path}.widths={list(node.widths)} needs at least two positive widths: pass {path}.widths=[64,128,256]")
+        return problems
+
+
+@dataclass
+class SeedsConfig:
+    """Stage seeds: k seeds of the config at a small budget; mean, std, 95% CI and detectable effect."""
+
+    _target_: str = "currytrain.check.seeds.Seeds"
+    seeds: int = 3
+    """Seeds trained (seed, seed+1, ...); at least 2 for a std."""
+    max_steps: int | None = 100
+    """Steps of each seed run (null: trainer.max_steps)."""
+    max_std: float = 0.05
+    """Warn when the std of the final val loss across seeds exceeds this (nats)."""
+    overrides: list[str] = field(default_factory=list)
+    """Extra overrides of every seed run ("trainer.batch_size=16")."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        problems = at_least(node, path, ("seeds",), minimum=2) + positive(node, path, "max_std", 0.05)
+        return problems + (at_least(node, path, ("max_steps",)) if node.max_steps is not None else [])
+
+
+@dataclass
+class AblationConfig:
+    """Stage ablation: baseline vs an idea over seeds at a small budget, with a noise-aware verdict."""
+
+    _target_: str = "currytrain.check.ablation.Ablation"
+    idea: list[str] = field(default_factory=list)
+    """Overrides that make the idea ("optimizer.lr=0.01", "model.n_layers=6"); empty skips the stage."""
+    baseline: list[str] = field(default_factory=list)
+    """Overrides of both arms (the baseline is the configured run with these)."""
+    seeds: int = 3
+    """Seeds per arm (at least 2: the verdict needs each arm's noise)."""
+    max_steps: int | None = 100
+    """Steps of each run (null: trainer.max_steps)."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        problems = at_least(node, path, ("seeds",), minimum=2) + (at_least(node, path, ("max_steps",)) if node.max_steps is not None else [])
+        bad = [item for item in list(node.idea) + list(node.baseline) if "=" not in str(item)]
+        if bad:
+            problems.append(f"{path}.idea/baseline hold {bad}, which are not key=value overrides: pass {path}.idea=[optimizer.lr=0.01]")
+        return problems
+
+
+@dataclass
+class CapacityConfig:
+    """Stage capacity: width x depth at the configured model's compute, train loss against parameters."""
+
+    _target_: str = "currytrain.check.capacity.Capacity"
+    widths: list[int] = field(default_factory=lambda: [64, 128, 192])
+    """Values of model.dim (hidden sizes scale alike; each must divide by model.n_heads)."""
+    depths: list[int] = field(default_factory=lambda: [2, 4])
+    """Values of model.n_layers; every (width, depth) pair trains."""
+    budget_steps: int = 50
+    """The compute budget: what the configured model spends in this many steps (others get as many steps as spend the same)."""
+    min_steps: int = 10
+    """Fewest steps any shape trains."""
+    min_gain: float = 0.02
+    """Nats a larger model must gain over the saturation point to move it."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        problems = at_least(node, path, ("budget_steps", "min_steps")) + positive(node, path, "min_gain", 0.02)
+        if len(node.widths) * len(node.depths) < 2 or any(not v >= 1 for v in [*node.widths, *node.depths]):
+            problems.append(f"{path}.widths x {path}.depths must give at least two positive shapes: pass {path}.widths=[64,128,192] {path}.depths=[2,4]")
+        return problems
+
+
+@dataclass
+class ScalingConfig:
+    """Stage scaling: runs at several widths, L(N) = E + A N^-alpha with bootstrap CIs, a held-out size."""
+
+    _target_: str = "currytrain.check.scaling.Scaling"
+    widths: list[int] = field(default_factory=lambda: [32, 48, 64, 96, 128])
+    """Values of model.dim (hidden sizes scale alike); the largest is held out and predicted from the others."""
+    max_steps: int | None = 100
+    """Steps of every size (the same tokens for each; null: trainer.max_steps)."""
+    bootstrap: int = 500
+    """Residual-bootstrap refits for the intervals."""
+    target_params: int = 0
+    """Extrapolate the fit to this many parameters (0: no extrapolation)."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        problems = at_least(node, path, ("bootstrap",)) + (at_least(node, path, ("max_steps",)) if node.max_steps is not None else [])
+        if len(set(node.widths)) < 5:
+            problems.append(f"{path}.widths={list(node.widths)} needs 5 distinct widths (4 to fit, 1 held out): pass {path}.widths=[32,48,64,96,128]")
+        return problems
+
+
+@dataclass
+class ProbeStageConfig:
+    """Stage probe: the configured model trained on synthetic mechanism tasks (data=probe), accuracy vs chance."""
+
+    _target_: str = "currytrain.check.probe_tasks.Probe"
+    tasks: list[str] = field(default_factory=lambda: ["copy", "induction"])
+    """Tasks of data=probe to train on, one run each: copy, recall, induction, parity, selective_copy."""
+    max_steps: int = 300
+    """Steps of each task's run."""
+    num_symbols: int = 16
+    """Alphabet of the tasks' content."""
+    eval_batches: int = 8
+    """Val batches (of trainer.batch_size sequences) the accuracy is measured on."""
+    min_accuracy: float = 0.9
+    """Share of answer tokens right needed on every task (the gate)."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        from currytrain.data.probe import TASKS
+
+        problems = at_least(node, path, ("max_steps", "eval_batches")) + at_least(node, path, ("num_symbols",), minimum=2)
+        unknown = [task for task in node.tasks if task not in TASKS]
+        if unknown or not node.tasks:
+            problems.append(f"{path}.tasks={list(node.tasks)} must be a non-empty subset of {list(TASKS)}: pass {path}.tasks=[copy,induction]")
+        if not 0 < node.min_accuracy <= 1:
+            problems.append(f"{path}.min_accuracy={node.min_accuracy} must be in (0, 1]: pass {path}.min_accuracy=0.9")
+        return problems
+
+
+@dataclass
 class LadderConfig:
     """The stages to climb, in order; the first failed gate stops the ladder (exit code 3)."""
 
@@ -136,7 +330,69 @@ class SanityCheckConfig(LadderConfig):
 
 
 @dataclass
-class FullLadderConfig(LadderConfig):
-    """check=ladder: every stage that exists, in order (part 2 adds the pre-validation stages)."""
+class LRRangeCheckConfig(LadderConfig):
+    """check=lr_range: the lr_range stage alone."""
 
-    stages: dict[str, Any] = field(default_factory=lambda: {"skeleton": SkeletonConfig(), "preflight": PreflightConfig(), "sanity": SanityConfig()})
+    stages: dict[str, Any] = field(default_factory=lambda: {"lr_range": LRRangeConfig()})
+
+
+@dataclass
+class MupCheckCheckConfig(LadderConfig):
+    """check=mup: the mup stage alone."""
+
+    stages: dict[str, Any] = field(default_factory=lambda: {"mup": MupCheckConfig()})
+
+
+@dataclass
+class SeedsCheckConfig(LadderConfig):
+    """check=seeds: the seeds stage alone."""
+
+    stages: dict[str, Any] = field(default_factory=lambda: {"seeds": SeedsConfig()})
+
+
+@dataclass
+class AblationCheckConfig(LadderConfig):
+    """check=ablation: the ablation stage alone."""
+
+    stages: dict[str, Any] = field(default_factory=lambda: {"ablation": AblationConfig()})
+
+
+@dataclass
+class CapacityCheckConfig(LadderConfig):
+    """check=capacity: the capacity stage alone."""
+
+    stages: dict[str, Any] = field(default_factory=lambda: {"capacity": CapacityConfig()})
+
+
+@dataclass
+class ProbeCheckConfig(LadderConfig):
+    """check=probe: the probe stage alone (not part of check=ladder: it trains one run per task)."""
+
+    stages: dict[str, Any] = field(default_factory=lambda: {"probe": ProbeStageConfig()})
+
+
+@dataclass
+class ScalingCheckConfig(LadderConfig):
+    """check=scaling: the scaling stage alone."""
+
+    stages: dict[str, Any] = field(default_factory=lambda: {"scaling": ScalingConfig()})
+
+
+@dataclass
+class FullLadderConfig(LadderConfig):
+    """check=ladder: every stage that exists, in order. In the ladder the muP check warns rather than fails for a
+    model without muP, and the ablation runs only when check.stages.ablation.idea is given."""
+
+    stages: dict[str, Any] = field(
+        default_factory=lambda: {
+            "skeleton": SkeletonConfig(),
+            "preflight": PreflightConfig(),
+            "sanity": SanityConfig(),
+            "lr_range": LRRangeConfig(),
+            "mup": MupCheckConfig(standard_fails=False),
+            "seeds": SeedsConfig(),
+            "ablation": AblationConfig(),
+            "capacity": CapacityConfig(),
+            "scaling": ScalingConfig(),
+        }
+    )

@@ -2,6 +2,9 @@
 
 optimizer coverage, frozen parameters, gradient flow, zero_grad between steps, train/eval mode, label
 dependence and leakage, causality, train/val overlap and deterministic batches, one step lowers the loss.
+Data that reports its own leakage checks (tables: data=digits|table, see currytrain.data.pipeline) gets
+them as findings here; the probes of token streams (label leakage on random tokens, causality, overlap of
+windows) run only when the inputs are token ids.
 Every probe that trains does so inside `scratch`, so the next probe sees the model as built.
 """
 
@@ -14,9 +17,10 @@ from collections.abc import Sequence
 
 import torch
 
-from currytrain.check.probes import StepFn, chance_loss, eval_loss, eval_mode, get_batch, loss_of, peak_lr, scratch, train_step
-from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status, fmt, probe
+from currytrain.check.probes import StepFn, chance_loss, eval_loss, eval_mode, get_batch, loss_of, next_token_task, peak_lr, scratch, train_step
+from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status, crash_finding, fmt, probe
 from currytrain.components import Components
+from currytrain.data import HasLeakageReport
 from currytrain.trainer.step import Batch
 
 
@@ -303,8 +307,11 @@ def label_leakage(parts: Components, step: StepFn, batch_size: int, steps: int, 
 
 @torch.no_grad()
 def causality(parts: Components, batch: Batch, tolerance: float) -> Finding:
-    """Logits at positions <= t must not change when the tokens after t change."""
+    """Logits at positions <= t must not change when the tokens after t change (next-token tasks only)."""
     inputs = batch[0]
+    if not next_token_task(batch):  # one label per sequence: the model may read the whole sequence
+        shapes = f"targets {tuple(batch[1].shape)} for inputs {tuple(inputs.shape)}"
+        return Finding("causality", Status.PASSED, f"not a next-token task ({shapes}): nothing to check", "causal logits for next-token targets")
     cut = inputs.shape[1] // 2
     changed = inputs.clone()
     changed[:, cut + 1 :] = (inputs[:, cut + 1 :] + 1 + torch.arange(inputs.shape[1] - cut - 1, device=inputs.device)) % int(parts.cfg.model.vocab_size)
@@ -420,6 +427,15 @@ def one_step_decreases_loss(parts: Components, step: StepFn, batch: Batch) -> Fi
     return Finding("one step lowers the loss", Status.PASSED, observed, expected)
 
 
+def split_leakage(parts: Components, thresholds: dict) -> list[Finding]:
+    """The data's own leakage checks (currytrain.data.pipeline.leakage_report), one finding each."""
+    try:
+        leaks = parts.data.leakage_report(**thresholds)
+    except Exception as error:  # a crash is itself the finding, as in probe()
+        return [crash_finding("split leakage", error)]
+    return [Finding(leak.check, Status.FAILED if leak.leaked else Status.PASSED, leak.observed, leak.expected, leak.cause, leak.fix) for leak in leaks]
+
+
 class Preflight(Stage):
     """Seconds of assertions about the training step. The thresholds are PreflightConfig's fields."""
 
@@ -435,11 +451,15 @@ class Preflight(Stage):
         leak_margin: float = 0.25,
         overlap_windows: int = 64,
         max_overlap: float = 0.25,
+        near_distance: float = 0.05,
+        max_duplicate_share: float = 0.0,
+        target_threshold: float = 0.99,
     ):
         self.batch_size, self.allow_frozen = batch_size, list(allow_frozen)
         self.grad_tolerance, self.causal_tolerance = grad_tolerance, causal_tolerance
         self.leak_steps, self.leak_margin = leak_steps, leak_margin
         self.overlap_windows, self.max_overlap = overlap_windows, max_overlap
+        self.leak_thresholds = {"near_distance": near_distance, "max_duplicate_share": max_duplicate_share, "target_threshold": target_threshold}
         self.step_fn: StepFn = train_step
         """The training step the probes run (tests put a broken one here)."""
 
@@ -458,4 +478,10 @@ class Preflight(Stage):
             "no train/val overlap": lambda: train_val_overlap(parts, self.overlap_windows, self.max_overlap),
             "one step lowers the loss": lambda: one_step_decreases_loss(parts, step, batch),
         }
-        return StageResult(self.name, [probe(name, run) for name, run in probes.items()])
+        if batch[0].is_floating_point():  # rows of features, not token ids: nothing to shift, mask or randomise
+            for name in ("no label leakage", "causality", "no train/val overlap"):
+                del probes[name]
+        findings = [probe(name, run) for name, run in probes.items()]
+        if isinstance(parts.data, HasLeakageReport):
+            findings += split_leakage(parts, self.leak_thresholds)
+        return StageResult(self.name, findings)

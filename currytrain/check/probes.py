@@ -95,6 +95,26 @@ def output_size(parts: Components, batch: Batch) -> int:
         return int(parts.model(batch[0][:1]).shape[-1])
 
 
+def expected_shapes(parts: Components, batch_size: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(inputs, targets) shapes a batch of `batch_size` sequences should have: the adapter's own
+    `expected_shapes(batch_size)` when it defines one (a classifier: targets (batch, 1)), else a language
+    model's, (batch, seq_len) for both."""
+    if hasattr(parts.data, "expected_shapes"):
+        inputs, targets = parts.data.expected_shapes(batch_size)
+        return tuple(inputs), tuple(targets)
+    return (batch_size, parts.data.seq_len), (batch_size, parts.data.seq_len)
+
+
+def num_classes(parts: Components) -> int:
+    """C, the classes the targets index: the adapter's `num_classes` when it has one, else model.vocab_size."""
+    return int(getattr(parts.data, "num_classes", None) or parts.cfg.model.vocab_size)
+
+
+def next_token_task(batch: Batch) -> bool:
+    """Targets per input position (a language model); a classifier's (batch, 1) labels are not."""
+    return batch[0].shape == batch[1].shape
+
+
 def chance_loss(num_classes: int) -> float:
     """-log(1/C): the loss of a uniform prediction over C classes."""
     return math.log(num_classes)

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from currytrain.check import figures
-from currytrain.check.probes import StepFn, chance_loss, eval_loss, get_batch, output_size, peak_lr, scratch, train_step
+from currytrain.check.probes import StepFn, chance_loss, eval_loss, get_batch, num_classes, output_size, peak_lr, scratch, train_step
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status, crash_finding, probe
 from currytrain.components import Components
 from currytrain.logger.base import MultiLogger
@@ -94,6 +94,13 @@ class LayerStats:
     activation_max: list[float]
     grad_norm: list[float]
     dead_fraction: list[float]
+    grad_mean: list[float] = field(default_factory=list)
+    """Mean gradient entry of the block's parameters (a drift away from 0 is a biased gradient)."""
+    grad_std: list[float] = field(default_factory=list)
+    grad_max: list[float] = field(default_factory=list)
+    """Largest |gradient entry| (a spike that clipping hides in the norm)."""
+    update_ratio: list[float] = field(default_factory=list)
+    """|weight change of one step| / |weights|: around 1e-3 is healthy; 1e-5 learns nothing, 1e-1 thrashes."""
 
 
 def _blocks(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -107,7 +114,10 @@ def gather_layer_stats(parts: Components, step: StepFn, batch_size: int, steps: 
     blocks = _blocks(parts.model)
     outputs: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(blocks))}
     dead: dict[int, list[float]] = {i: [] for i in range(len(blocks))}
-    grads: dict[int, list[float]] = {i: [] for i in range(len(blocks))}
+    grads: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(blocks))}
+    """Per block, one row per step: norm, mean, std, max |entry|."""
+    ratios: dict[int, list[float]] = {i: [] for i in range(len(blocks))}
+    before: dict[int, list[torch.Tensor]] = {}
     handles = []
     for index, (_, block) in enumerate(blocks):
         handles.append(block.register_forward_hook(lambda module, args, out, i=index: outputs[i].append(_first_tensor(out).detach().float())))
@@ -116,10 +126,18 @@ def gather_layer_stats(parts: Components, step: StepFn, batch_size: int, steps: 
 
     def record_grads(optimizer, args, kwargs):
         for i, (_, block) in enumerate(blocks):
-            squares = [p.grad.detach().float().pow(2).sum() for p in block.parameters() if p.grad is not None]
-            grads[i].append(float(torch.stack(squares).sum().sqrt()) if squares else 0.0)
+            grads[i].append(_grad_row(block))
+            before[i] = [p.detach().clone() for p in block.parameters()]
+
+    def record_update(optimizer, args, kwargs):
+        for i, (_, block) in enumerate(blocks):
+            params = list(block.parameters())
+            change = sum(float((p.detach() - old).float().pow(2).sum()) for p, old in zip(params, before[i]))
+            size = sum(float(old.float().pow(2).sum()) for old in before[i])
+            ratios[i].append(math.sqrt(change / size) if size > 0 else 0.0)
 
     handles.append(parts.optimizer.register_step_pre_hook(record_grads))
+    handles.append(parts.optimizer.register_step_post_hook(record_update))
     try:
         with scratch(parts):
             for index in range(steps):
@@ -130,13 +148,27 @@ def gather_layer_stats(parts: Components, step: StepFn, batch_size: int, steps: 
             handle.remove()
     flat = [torch.cat([o.flatten() for o in outs]) if outs else torch.full((1,), float("nan")) for outs in outputs.values()]
     mean = lambda values: sum(values) / len(values) if values else 0.0  # noqa: E731
+    rows = [torch.tensor(grads[i]).mean(0) if grads[i] else torch.zeros(4) for i in grads]  # mean over the steps
     return LayerStats(
         activation_mean=[float(x.mean()) for x in flat],
         activation_std=[float(x.std()) if x.numel() > 1 else float("nan") for x in flat],
         activation_max=[float(x.abs().max()) for x in flat],
-        grad_norm=[mean(grads[i]) for i in grads],
+        grad_norm=[float(row[0]) for row in rows],
         dead_fraction=[mean(dead[i]) for i in dead],
+        grad_mean=[float(row[1]) for row in rows],
+        grad_std=[float(row[2]) for row in rows],
+        grad_max=[float(row[3]) for row in rows],
+        update_ratio=[mean(ratios[i]) for i in ratios],
     )
+
+
+def _grad_row(block: torch.nn.Module) -> list[float]:
+    """[norm, mean, std, max |entry|] of the gradient entries of the block's parameters (zeros without any)."""
+    entries = [p.grad.detach().float().flatten() for p in block.parameters() if p.grad is not None]
+    if not entries:
+        return [0.0, 0.0, 0.0, 0.0]
+    flat = torch.cat(entries)
+    return [float(flat.norm()), float(flat.mean()), float(flat.std()) if flat.numel() > 1 else 0.0, float(flat.abs().max())]
 
 
 def _first_tensor(out) -> torch.Tensor:
@@ -156,6 +188,9 @@ def _log_histograms(loggers: MultiLogger, blocks, outputs: dict[int, list[torch.
         weights = [p.detach().flatten() for p in block.parameters()]
         if weights:
             loggers.log_histogram(f"check/weight/{name}", torch.cat(weights), step)
+        gradients = [p.grad.detach().flatten() for p in block.parameters() if p.grad is not None]
+        if gradients:
+            loggers.log_histogram(f"check/gradient/{name}", torch.cat(gradients), step)
 
 
 def layer_findings(stats: LayerStats, names: list[str], ratio: float, growth: float, dead_limit: float) -> list[Finding]:
@@ -260,7 +295,7 @@ class Sanity(Stage):
         )
         if curve.losses and ctx.state.is_main:  # one writer of the run folder
             result.figures.append(
-                figures.overfit_curve(Path(ctx.run_dir) / "sanity_overfit.png", curve.losses, self.overfit_loss, chance_loss(parts.cfg.model.vocab_size))
+                figures.overfit_curve(Path(ctx.run_dir) / "sanity_overfit.png", curve.losses, self.overfit_loss, chance_loss(num_classes(parts)))
             )
         names = [name for name, _ in _blocks(parts.model)]
         started = time.perf_counter()
@@ -279,8 +314,10 @@ class Sanity(Stage):
 
 
 def stats_table(names: list[str], stats: LayerStats) -> str:
-    lines = ["| block | activation mean | activation std | activation max abs | grad norm | dead inputs |", "|---|---:|---:|---:|---:|---:|"]
+    columns = ("activation mean", "activation std", "activation max abs", "grad norm", "grad mean", "grad std", "grad max abs", "update/weight")
+    lines = ["| block | " + " | ".join(columns) + " | dead inputs |", "|---|" + "---:|" * (len(columns) + 1)]
     for i, name in enumerate(names):
         row = (stats.activation_mean[i], stats.activation_std[i], stats.activation_max[i], stats.grad_norm[i])
+        row += (stats.grad_mean[i], stats.grad_std[i], stats.grad_max[i], stats.update_ratio[i])
         lines.append(f"| {name} | " + " | ".join(f"{value:.3g}" for value in row) + f" | {stats.dead_fraction[i]:.0%} |")
     return "\n".join(lines)

@@ -11,7 +11,7 @@ import torch
 from omegaconf import DictConfig
 
 from currytrain.build import targets
-from currytrain.check.probes import eval_mode, get_batch
+from currytrain.check.probes import eval_mode, expected_shapes, get_batch, num_classes
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status, probe
 from currytrain.components import Components
 
@@ -54,31 +54,75 @@ def _short_path(source: str) -> str:
     return source
 
 
-def batch_finding(parts: Components, batch: tuple[torch.Tensor, torch.Tensor], batch_size: int) -> Finding:
+IGNORE_INDEX = -100
+"""The target the cross-entropy ignores."""
+
+
+def rows_finding(parts: Components, batch: tuple[torch.Tensor, torch.Tensor], batch_size: int) -> Finding:
+    """A table's batch (data=digits|table): float feature rows and one class id each."""
     inputs, targets_ = batch
-    vocab = parts.cfg.model.vocab_size
-    expected = f"inputs and targets ({batch_size}, {parts.data.seq_len}) int64, ids in [0, {vocab})"
-    observed = f"inputs {tuple(inputs.shape)} {inputs.dtype}, targets {tuple(targets_.shape)} {targets_.dtype}, ids in [{int(inputs.min())}, {int(max(inputs.max(), targets_.max()))}]"
-    shape_ok = inputs.shape == targets_.shape == (batch_size, parts.data.seq_len) and inputs.dtype == targets_.dtype == torch.int64
-    if not shape_ok:
+    classes = num_classes(parts)
+    expected = f"inputs ({batch_size}, features) floating point, targets ({batch_size},) int64 in [0, {classes})"
+    observed = (
+        f"inputs {tuple(inputs.shape)} {inputs.dtype}, targets {tuple(targets_.shape)} {targets_.dtype} in [{int(targets_.min())}, {int(targets_.max())}]"
+    )
+    if inputs.dim() != 2 or inputs.shape[0] != batch_size or targets_.shape != (batch_size,) or targets_.dtype != torch.int64:
         return Finding(
             "batch shapes", Status.FAILED, observed, expected, "the data adapter's batch() returns other shapes or dtypes", "fix the adapter's batch()"
         )
-    top = int(max(inputs.max(), targets_.max()))
-    if top >= vocab or int(min(inputs.min(), targets_.min())) < 0:
+    if int(targets_.max()) >= classes or int(targets_.min()) < 0:
         return Finding(
-            "batch shapes", Status.FAILED, observed, expected, "token ids outside the model's vocabulary", f"pass model.vocab_size={top + 1} (or larger)"
+            "batch shapes", Status.FAILED, observed, expected, "class ids outside the model's outputs", f"pass model.num_classes={int(targets_.max()) + 1}"
         )
     return Finding("batch shapes", Status.PASSED, observed, expected)
 
 
-def forward_finding(parts: Components, inputs: torch.Tensor) -> Finding:
-    vocab = parts.cfg.model.vocab_size
-    expected = f"logits {(*inputs.shape, vocab)}, floating point, finite"
+def batch_finding(parts: Components, batch: tuple[torch.Tensor, torch.Tensor], batch_size: int) -> Finding:
+    inputs, targets_ = batch
+    if inputs.is_floating_point():  # rows of features, not token ids
+        return rows_finding(parts, batch, batch_size)
+    vocab, classes = parts.cfg.model.vocab_size, num_classes(parts)
+    input_shape, target_shape = expected_shapes(parts, batch_size)
+    expected = f"inputs {input_shape} int64 with ids in [0, {vocab}), targets {target_shape} int64 in [0, {classes}) or {IGNORE_INDEX} (ignored)"
+    observed = (
+        f"inputs {tuple(inputs.shape)} {inputs.dtype} in [{int(inputs.min())}, {int(inputs.max())}], "
+        f"targets {tuple(targets_.shape)} {targets_.dtype} in [{int(targets_.min())}, {int(targets_.max())}]"
+    )
+    shape_ok = tuple(inputs.shape) == input_shape and tuple(targets_.shape) == target_shape and inputs.dtype == targets_.dtype == torch.int64
+    if not shape_ok:
+        return Finding(
+            "batch shapes",
+            Status.FAILED,
+            observed,
+            expected,
+            "the data adapter's batch() returns other shapes or dtypes than it declares (a language model's by default)",
+            "fix the adapter's batch(); an adapter for another task declares expected_shapes(batch_size) and num_classes",
+        )
+    if int(inputs.max()) >= vocab or int(inputs.min()) < 0:
+        return Finding(
+            "batch shapes",
+            Status.FAILED,
+            observed,
+            expected,
+            "token ids outside the model's vocabulary",
+            f"pass model.vocab_size={int(inputs.max()) + 1} (or larger)",
+        )
+    scored = targets_[targets_ != IGNORE_INDEX]  # positions the loss ignores (probe tasks score answers only)
+    if scored.numel() and (int(scored.max()) >= classes or int(scored.min()) < 0):
+        fix = f"pass model.vocab_size={int(scored.max()) + 1} (or larger)" if classes == vocab else "check the adapter's labels and num_classes"
+        return Finding("batch shapes", Status.FAILED, observed, expected, f"targets outside the {classes} classes the model predicts", fix)
+    return Finding("batch shapes", Status.PASSED, observed, expected)
+
+
+def forward_finding(parts: Components, batch: tuple[torch.Tensor, torch.Tensor]) -> Finding:
+    """The loss takes the cross-entropy of the logits' last dimension against targets of the leading shape."""
+    inputs, targets_ = batch
+    classes = num_classes(parts)
+    expected = f"logits {(*targets_.shape, classes)} (the targets' shape x {classes} classes), floating point, finite"
     with torch.no_grad(), eval_mode(parts.model):
         logits = parts.model(inputs)
     observed = f"{type(logits).__name__} {tuple(getattr(logits, 'shape', ()))} {getattr(logits, 'dtype', '')}"
-    if not isinstance(logits, torch.Tensor) or logits.shape != (*inputs.shape, vocab) or not logits.is_floating_point():
+    if not isinstance(logits, torch.Tensor) or logits.shape != (*targets_.shape, classes) or not logits.is_floating_point():
         return Finding(
             "forward shape", Status.FAILED, observed, expected, "the model's forward returns another shape", "check model.vocab_size and the readout"
         )
@@ -120,7 +164,7 @@ class Skeleton(Stage):
         result.findings.append(probe("batch shapes", lambda: batch_finding(parts, batch, self.batch_size)))
         if result.status is Status.FAILED:  # a forward pass on ids outside the vocabulary would only crash
             return result
-        result.findings.append(probe("forward shape", lambda: forward_finding(parts, batch[0])))
+        result.findings.append(probe("forward shape", lambda: forward_finding(parts, batch)))
         result.findings.append(probe("outputs are logits", lambda: logits_finding(parts, batch[0])))
         result.details = details(parts, ctx.cfg)
         return result

@@ -85,6 +85,8 @@ class StageContext:
     run_dir: Path
     journal: Journal
     loggers: MultiLogger = field(default_factory=lambda: MultiLogger([]))
+    datasets: dict[str, Any] = field(default_factory=dict)
+    """Data adapters built for sub-runs, by their data config: runs that differ elsewhere share one."""
 
     def build(self) -> Components:
         """Fresh components, built exactly as a training run builds them."""
@@ -96,10 +98,12 @@ class Stage:
     their config dataclass) and implement assess(parts, ctx)."""
 
     name = "stage"
+    needs_components = True
+    """False for stages that only start their own training runs: assess() then gets parts=None."""
 
     def run(self, ctx: StageContext) -> StageResult:
         started = time.perf_counter()
-        result = self.assess(ctx.build(), ctx)
+        result = self.assess(ctx.build() if self.needs_components else None, ctx)
         result.seconds = time.perf_counter() - started
         return result
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from currytrain.rules import at_least
+from currytrain.rules import at_least, one_of
 
 BYTE_VOCAB = 256
 """Vocabulary of the byte-level corpora: token id = byte value."""
@@ -101,11 +101,12 @@ class TokensConfig:
     """A tokenizer.json, a folder holding one (a Hugging Face model folder) or a `currytrain hf import` folder."""
     paths: list[str] = field(default_factory=list)
     """Files or folders of UTF-8 text; folders are searched recursively for `suffixes`."""
-    suffixes: list[str] = field(default_factory=lambda: [".txt", ".md", ".jsonl", ".parquet"])
+    suffixes: list[str] = field(default_factory=lambda: [".txt", ".md", ".jsonl", ".parquet", ".arrow"])
     """File endings read from folders (files named directly are always read). A .jsonl file holds one
-    document per line, a JSON object whose `text_field` is the text; a .parquet file one per row."""
+    document per line, a JSON object whose `text_field` is the text; a .parquet or .arrow file one per row
+    (.arrow: a Hugging Face `datasets` save_to_disk folder or cache, read offline with pyarrow)."""
     text_field: str = "text"
-    """The field of each .jsonl record, or the column of each .parquet file, that holds the text."""
+    """The field of each .jsonl record, or the column of each .parquet/.arrow file, that holds the text."""
     documents: str = "file"
     """What one document is: file (each file) or paragraph (blank-line-separated blocks). Documents are
     split between train and val before tokenization; none contributes to both."""
@@ -134,3 +135,108 @@ class TokensConfig:
             problems.append(f"{path}.documents={node.documents} is not one of ['file', 'paragraph']: pass {path}.documents=file")
         _, problem = find_tokenizer(node.tokenizer)
         return problems + ([problem] if problem else []) + find_text_files(node.paths, node.suffixes)[1]
+
+
+@dataclass
+class ProbeConfig:
+    """Synthetic probe tasks that need one mechanism each (copy, recall, induction, parity, selective_copy)."""
+
+    _target_: str = "currytrain.data.probe.ProbeTasks"
+    task: str = "induction"
+    """copy, recall (associative), induction, parity or selective_copy (currytrain/data/probe.py shows each layout)."""
+    seq_len: int = "${model.max_seq_len}"  # type: ignore[assignment]
+    """Tokens per sequence (shorter task layouts are left-padded with the noise token)."""
+    num_symbols: int = 16
+    """Alphabet of the task's content (token ids 3 .. 3 + num_symbols - 1; 0-2 are separator, query, noise)."""
+    seed: int = "${seed}"  # type: ignore[assignment]
+    """Seed of every generated sequence."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        from currytrain.data.probe import TASKS
+
+        problems = one_of(node, path, "task", TASKS, "induction") + at_least(node, path, ("num_symbols",), minimum=2)
+        return problems + at_least(node, path, ("seq_len",), minimum=8)
+
+
+@dataclass
+class TabularConfig:
+    """Fields of every table of features and class labels (the leakage-safe pipeline, docs/data.md)."""
+
+    _target_: str = "???"
+    val_fraction: float = 0.2
+    """Share of the rows (of the groups with split=grouped, of the distinct timestamps with split=temporal)
+    held out for validation, chosen before any preprocessing."""
+    test_fraction: float = 0.0
+    """Share held out for a test split the training never reads; 0 keeps none."""
+    normalize: bool = True
+    """Standardise each feature (scikit-learn's StandardScaler) with statistics of the train rows only."""
+    seed: int = "${seed}"  # type: ignore[assignment]
+    """Seed of the split and of batch sampling."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        problems = []
+        if not 0 < node.val_fraction < 1:
+            problems.append(f"{path}.val_fraction={node.val_fraction} must be in (0, 1): pass {path}.val_fraction=0.2")
+        if not 0 <= node.test_fraction < 1 or not node.val_fraction + node.test_fraction < 1:
+            problems.append(f"{path}.test_fraction={node.test_fraction} must be in [0, 1) and leave rows for train: pass {path}.test_fraction=0")
+        return problems
+
+
+@dataclass
+class DigitsConfig(TabularConfig):
+    """scikit-learn's bundled handwritten digits: 1797 rows of 64 pixel features, 10 classes (no download)."""
+
+    _target_: str = "currytrain.data.tabular.Digits"
+
+
+SPLIT_KINDS = ("random", "grouped", "temporal")
+"""How table rows are assigned to splits (data.split); currytrain.data.pipeline implements each."""
+
+
+@dataclass
+class TableConfig(TabularConfig):
+    """A table of the user's (.csv, .parquet or .jsonl): numeric features and an integer class column."""
+
+    _target_: str = "currytrain.data.tabular.TableFile"
+    path: str = "???"
+    """The table file: .csv, .parquet or .jsonl (read with pyarrow, the parquet extra)."""
+    target: str = "label"
+    """Column of class ids 0..C-1."""
+    features: list[str] = field(default_factory=list)
+    """Numeric feature columns; empty takes every column but target, group_column and time_column."""
+    split: str = "random"
+    """random (seeded rows), grouped (whole groups of group_column per split: no group in two splits) or
+    temporal (earliest time_column values train, later ones val, latest test: no train row is later than a val row)."""
+    group_column: str = ""
+    """With split=grouped: the column naming each row's group (a patient, a user, a session)."""
+    time_column: str = ""
+    """With split=temporal: the column of each row's timestamp (any sortable type)."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        """The file exists with a known ending and its header holds every column named; the split names the
+        column it needs. Column types are checked when the table is read."""
+        from pathlib import Path
+
+        from currytrain.data.files import table_columns
+
+        problems = one_of(node, path, "split", SPLIT_KINDS)
+        for kind, key in (("grouped", "group_column"), ("temporal", "time_column")):
+            if node.split == kind and not node[key]:
+                problems.append(f"{path}.split={kind} needs {path}.{key}: pass {path}.{key}=<the column>")
+        file = Path(str(node.path)).expanduser()
+        if not file.is_file():
+            return problems + [f"{path}.path={node.path} is not a file: pass {path}.path=<a .csv, .parquet or .jsonl table>"]
+        if file.suffix not in (".csv", ".parquet", ".jsonl"):
+            return problems + [f"{path}.path={node.path} is not a .csv, .parquet or .jsonl file: convert it, or pass one of those"]
+        columns, problem = table_columns(file)
+        if problem:
+            return problems + [problem]
+        named = [("target", node.target), ("group_column", node.group_column), ("time_column", node.time_column)]
+        named += [("features", name) for name in node.features]
+        for key, name in named:
+            if name and name not in columns:
+                problems.append(f"{path}.{key}: {node.path} has no column {name!r} (it has {columns[:12]}): pass {path}.{key}=<a column>")
+        return problems

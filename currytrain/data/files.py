@@ -72,3 +72,27 @@ def planned_sizes(plan: SplitPlan) -> tuple[int, int]:
         cut = int(total * plan.single_file_cut)
         return cut, total - cut
     return size(plan.train_files, plan.train_budget), size(plan.val_files, plan.val_budget)
+
+
+def table_columns(path: Path) -> tuple[list[str], str | None]:
+    """The column names of a .csv, .parquet or .jsonl table, read from its header alone (validation runs this
+    before anything is written), or a problem naming data.path."""
+    import json
+
+    try:
+        if path.suffix == ".jsonl":
+            with path.open(encoding="utf-8") as lines:
+                first = next((line for line in lines if line.strip()), "{}")
+            record = json.loads(first)
+            return (list(record) if isinstance(record, dict) else []), None
+        import pyarrow.csv
+        import pyarrow.parquet
+
+        if path.suffix == ".parquet":
+            return pyarrow.parquet.read_schema(path).names, None
+        with pyarrow.csv.open_csv(path) as reader:  # streams: reads the first block only
+            return reader.schema.names, None
+    except ImportError:
+        return [], f"data.path={path} is read with pyarrow: pip install 'currytrain[parquet]'"
+    except Exception as error:  # JSON, Arrow and OS errors alike: the file cannot be read as a table
+        return [], f"data.path={path} cannot be read as a table ({type(error).__name__}: {error}): fix or replace the file"

@@ -1,7 +1,7 @@
 """data=tokens: text files tokenized once by a local tokenizer into a memory-mapped token cache.
 
 The text is cut into documents (whole files, blank-line-separated paragraphs, or the records of .jsonl
-files, the rows of .parquet files) and the documents are
+files, the rows of .parquet and .arrow files: Hugging Face `datasets` folders, offline) and the documents are
 split into train and val before anything is tokenized, so no document contributes tokens to both. The
 tokenizer is never fitted on the data; each document is encoded on its own and followed by the EOS id.
 
@@ -59,6 +59,8 @@ def read_documents(files: list[Path], documents: str, text_field: str = "text") 
     for path in sorted(files):
         if path.suffix == ".parquet":
             parts = _parquet_texts(path, text_field)
+        elif path.suffix == ".arrow":
+            parts = _arrow_texts(path, text_field)
         elif path.suffix == ".jsonl":
             parts = _jsonl_texts(path, _utf8(path), text_field)
         else:
@@ -89,7 +91,37 @@ def _parquet_texts(path: Path, text_field: str) -> list[str]:
         raise ConfigError(
             f"data.text_field={text_field}: {path} has no column {text_field!r} (it has {schema.names[:8]}): pass data.text_field=<the text column>"
         )
-    column = pq.read_table(path, columns=[text_field]).column(text_field)
+    return _text_column(pq.read_table(path, columns=[text_field]), path, text_field)
+
+
+def _arrow_texts(path: Path, text_field: str) -> list[str]:
+    """The `text_field` column of an Arrow file: what Hugging Face `datasets` writes with save_to_disk and keeps
+    in its cache (the IPC stream format; the file format is read too). Read with pyarrow, offline: no
+    `datasets` import, no Hub."""
+    try:
+        import pyarrow as pa
+    except ImportError:
+        raise ConfigError(f"data.paths: reading {path} needs pyarrow: pip install 'currytrain[parquet]'") from None
+    table = None
+    for open_reader in (pa.ipc.open_stream, pa.ipc.open_file):
+        try:
+            with pa.memory_map(str(path)) as source:
+                table = open_reader(source).read_all()
+            break
+        except (pa.ArrowInvalid, OSError) as error:
+            problem = error
+    if table is None:
+        raise ConfigError(f"data.paths: {path} is not a readable Arrow file ({type(problem).__name__}: {problem}): fix or remove it")
+    return _text_column(table, path, text_field)
+
+
+def _text_column(table: Any, path: Path, text_field: str) -> list[str]:
+    """The string column `text_field` of a pyarrow Table read from `path`, or a ConfigError naming both."""
+    if text_field not in table.column_names:
+        raise ConfigError(
+            f"data.text_field={text_field}: {path} has no column {text_field!r} (it has {table.column_names[:8]}): pass data.text_field=<the text column>"
+        )
+    column = table.column(text_field)
     if str(column.type) not in ("string", "large_string"):
         raise ConfigError(f"data.text_field={text_field}: the column of {path} holds {column.type}, not text: pass data.text_field=<the text column>")
     return column.to_pylist()
@@ -226,7 +258,7 @@ class TokenizedText(TokenCorpus):
         tokenizer: str,
         paths: list[str],
         seq_len: int,
-        suffixes: list[str] = (".txt", ".md", ".jsonl", ".parquet"),
+        suffixes: list[str] = (".txt", ".md", ".jsonl", ".parquet", ".arrow"),
         documents: str = "file",
         text_field: str = "text",
         eos_token: str = "auto",

@@ -276,19 +276,26 @@ def load_model(path: str | Path) -> torch.nn.Module:
     return model.eval()
 
 
-def export_hf(source: str | Path, out: str | Path, dtype: str | None = None, overwrite: bool = False) -> Path:
-    """Write config.json + model.safetensors (+ generation/tokenizer files of an import) that transformers loads."""
+def export_hf(source: str | Path, out: str | Path, dtype: str | None = None, overwrite: bool = False, max_shard_size: int | str = "5GB") -> Path:
+    """Write config.json + model.safetensors (+ generation/tokenizer files of an import) that transformers loads;
+    weights above max_shard_size go to model-0000N-of-0000M.safetensors shards with an index."""
     out = Path(out)
     _check_output(out, overwrite, "OUTDIR")
     if dtype is not None and dtype not in DTYPES:
         raise ConfigError(f"--dtype {dtype} is not one of {list(DTYPES)}")
     node, state, hf_dir = read_model(source)
-    write_hf(node, state, out, dtype=dtype, hf_dir=hf_dir, what=str(source))
+    write_hf(node, state, out, dtype=dtype, hf_dir=hf_dir, what=str(source), max_shard_size=max_shard_size)
     return out
 
 
 def write_hf(
-    node: dict[str, Any], state: dict[str, torch.Tensor], out: Path, dtype: str | None = None, hf_dir: Path | None = None, what: str = "the model"
+    node: dict[str, Any],
+    state: dict[str, torch.Tensor],
+    out: Path,
+    dtype: str | None = None,
+    hf_dir: Path | None = None,
+    what: str = "the model",
+    max_shard_size: int | str = "5GB",
 ) -> None:
     """The HF folder of a model node and its state (curryTrain names); hf_dir: an import's original files."""
     transformers = _require("transformers")
@@ -322,7 +329,7 @@ def write_hf(
 
     with _staging(out) as stage:
         config.save_pretrained(stage)
-        _save(tensors, stage / WEIGHTS, {"format": "pt"})
+        _save_sharded(tensors, stage, max_shard_size)
         if hf_dir is not None:
             for pattern in PASSTHROUGH:
                 for path in hf_dir.glob(pattern):
@@ -350,6 +357,18 @@ def _save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]
         owned[name] = tensor.clone() if pointer in seen or not tensor.is_contiguous() else tensor
         seen.add(pointer)
     safetensors_torch.save_file(owned, path, metadata=metadata)
+
+
+def _save_sharded(tensors: dict[str, torch.Tensor], folder: Path, max_shard_size: int | str) -> None:
+    """model.safetensors, or shards of at most max_shard_size (bytes, or "5GB") plus the index transformers reads."""
+    try:
+        split = _require("huggingface_hub").split_torch_state_dict_into_shards(tensors, max_shard_size=max_shard_size)
+    except ValueError as error:  # an unparsable size ("5 gigs")
+        raise ConfigError(f"--max-shard-size {max_shard_size}: {error}: pass a size such as 5GB or 500MB") from None
+    for filename, names in split.filename_to_tensors.items():
+        _save({name: tensors[name] for name in names}, folder / filename, {"format": "pt"})
+    if split.is_sharded:
+        (folder / INDEX).write_text(json.dumps({"metadata": split.metadata, "weight_map": split.tensor_to_filename}, indent=2) + "\n")
 
 
 class _staging:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -34,14 +35,23 @@ MIXTRAL_ROUTING = {"gating": "softmax", "renormalize": True, "capacity_factor": 
 Reader = Callable[[str], torch.Tensor]
 
 # transformers' rope_type -> model.rope_scaling, and the scaling keys -> the model.rope_* fields.
-ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3"}
+ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3", "yarn": "yarn", "dynamic": "dynamic"}
 ROPE_KEYS = {
     "factor": "rope_factor",
     "low_freq_factor": "rope_low_freq_factor",
     "high_freq_factor": "rope_high_freq_factor",
     "original_max_position_embeddings": "rope_original_max_seq_len",
+    "beta_fast": "rope_beta_fast",
+    "beta_slow": "rope_beta_slow",
+    "attention_factor": "rope_attention_factor",
+    "truncate": "rope_truncate",
 }
-ROPE_FIELDS = {"linear": ("factor",), "llama3": tuple(ROPE_KEYS)}
+ROPE_FIELDS = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "truncate"),
+    "dynamic": ("factor",),
+}
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -69,8 +79,8 @@ def _decoder_problems(hf: Any) -> list[str]:
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind not in ROPE_TYPES:
         problems.append(
-            f"rope scaling rope_type={kind} {scaling}: not supported, curryTrain implements rope_type default, linear and llama3 "
-            "(Llama 3.1-3.3); dynamic, yarn, longrope and the others are not converted approximately"
+            f"rope scaling rope_type={kind} {scaling}: not supported, curryTrain implements rope_type default, linear, llama3 "
+            "(Llama 3.1-3.3), yarn and dynamic; longrope and the others are not converted approximately"
         )
     if getattr(hf, "partial_rotary_factor", 1.0) not in (None, 1.0):
         problems.append(f"partial_rotary_factor={hf.partial_rotary_factor}: curryTrain rotates the full head dimension")
@@ -104,6 +114,10 @@ def _rope_node(hf: Any) -> dict[str, Any]:
     kind = ROPE_TYPES[scaling.get("rope_type", scaling.get("type", "default"))]
     if kind == "none":
         return {}
+    if kind == "yarn":
+        return {"rope_scaling": kind, **_yarn_node(hf, scaling)}
+    if kind == "dynamic":  # transformers measures the growth against max_position_embeddings
+        return {"rope_scaling": kind, "rope_factor": float(scaling["factor"]), "rope_original_max_seq_len": int(hf.max_position_embeddings)}
     fields = {ROPE_KEYS[key]: float(scaling[key]) for key in ROPE_FIELDS[kind]}
     if "rope_original_max_seq_len" in fields:  # a token count
         fields["rope_original_max_seq_len"] = int(fields["rope_original_max_seq_len"])
@@ -131,6 +145,29 @@ def _decoder_node(hf: Any, target: str) -> dict[str, Any]:
     return {**node, **_rope_node(hf)}
 
 
+def _yarn_node(hf: Any, scaling: dict[str, Any]) -> dict[str, Any]:
+    """The model.rope_* fields of a yarn scaling, every default transformers fills in made explicit: the
+    factor (DeepSeek leaves it out: max_position_embeddings / the original), beta_fast/slow, the attention
+    factor (from mscale/mscale_all_dim when given), truncate."""
+    original = int(scaling["original_max_position_embeddings"])
+    factor = float(scaling.get("factor") or hf.max_position_embeddings / original)
+
+    def temperature(scale: float) -> float:
+        return 0.1 * scale * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+    attention = scaling.get("attention_factor")
+    if attention is None and scaling.get("mscale") and scaling.get("mscale_all_dim"):
+        attention = temperature(scaling["mscale"]) / temperature(scaling["mscale_all_dim"])
+    return {
+        "rope_factor": factor,
+        "rope_original_max_seq_len": original,
+        "rope_beta_fast": float(scaling.get("beta_fast") or 32),
+        "rope_beta_slow": float(scaling.get("beta_slow") or 1),
+        "rope_attention_factor": float(attention if attention is not None else temperature(1.0)),
+        "rope_truncate": bool(scaling.get("truncate", True)),
+    }
+
+
 def _rope_hf(node: dict[str, Any]) -> dict[str, Any]:
     """transformers' RoPE parameters of a model node (v5 reads rope_parameters, v4 rope_theta + rope_scaling)."""
     kind = node.get("rope_scaling", "none")
@@ -148,7 +185,8 @@ def _decoder_hf_kwargs(node: dict[str, Any]) -> dict[str, Any]:
         "num_key_value_heads": node["n_kv_heads"],
         "head_dim": node.get("head_dim") or node["dim"] // node["n_heads"],
         "intermediate_size": node["mlp_hidden"],
-        "max_position_embeddings": node["max_seq_len"],
+        # Dynamic RoPE scales against max_position_embeddings: it must be the original context, not a longer max_seq_len.
+        "max_position_embeddings": node["rope_original_max_seq_len"] if node.get("rope_scaling") == "dynamic" else node["max_seq_len"],
         "rms_norm_eps": node["norm_eps"],
         "tie_word_embeddings": node["tie_embeddings"],
         "initializer_range": node["init_std"],
@@ -273,6 +311,8 @@ class MixtralFamily(Family):
         node.update(_window_node(hf))
         node.update(num_experts=int(hf.num_local_experts), top_k=int(hf.num_experts_per_tok), expert_hidden=int(hf.intermediate_size))
         node.update(MIXTRAL_ROUTING)
+        # The load-balancing loss weight the checkpoint was trained with, so a fine-tune keeps it.
+        node["aux_loss_coef"] = float(getattr(hf, "router_aux_loss_coef", node["aux_loss_coef"]))
         return node
 
     def weight_names(self, node: dict[str, Any]) -> list[tuple[str, str]]:
@@ -335,6 +375,8 @@ class MixtralFamily(Family):
             num_experts_per_tok=node["top_k"],
             sliding_window=node.get("sliding_window") or None,
         )
+        if "aux_loss_coef" in node:  # the load-balancing weight; transformers applies it with output_router_logits
+            kwargs["router_aux_loss_coef"] = node["aux_loss_coef"]
         return kwargs
 
     def to_hf(self, state: dict[str, torch.Tensor], node: dict[str, Any]) -> dict[str, torch.Tensor]:

@@ -98,7 +98,7 @@ class DecoderConfig(ModelConfig):
         return problems
 
 
-ROPE_SCALINGS = ("none", "linear", "llama3")
+ROPE_SCALINGS = ("none", "linear", "llama3", "yarn", "dynamic")
 """RoPE frequency scalings (model.rope_scaling); build_rope_cache implements each."""
 
 
@@ -115,16 +115,27 @@ class RopeDecoderConfig(DecoderConfig):
     """Width of each attention head; 0 derives it as dim/n_heads. Set it when a checkpoint's heads are wider
     or narrower than that (Qwen3-0.6B: dim 1024, 16 heads of 128); q/k/v project dim -> n_heads*head_dim."""
     rope_scaling: str = "none"
-    """RoPE frequency scaling: none, linear (every frequency / rope_factor: position interpolation) or llama3
-    (Llama 3.1+: low frequencies / rope_factor, high ones kept, a smooth ramp between)."""
+    """RoPE frequency scaling: none, linear (every frequency / rope_factor: position interpolation), llama3
+    (Llama 3.1+: low frequencies / rope_factor, high ones kept, a smooth ramp between) or yarn (Qwen2.5/3
+    long context, DeepSeek: the same idea with the ramp set by rotation counts, plus an attention temperature)
+    or dynamic (NTK: unscaled up to rope_original_max_seq_len, a longer input raises theta with its length)."""
     rope_factor: float = 1.0
-    """With rope_scaling=linear|llama3: how much the context is stretched (Llama 3.1: 8, Llama 3.2: 32)."""
+    """With rope_scaling=linear|llama3|yarn: how much the context is stretched (Llama 3.1: 8, Llama 3.2: 32)."""
     rope_low_freq_factor: float = 1.0
     """With rope_scaling=llama3: wavelengths above rope_original_max_seq_len/this are divided by rope_factor."""
     rope_high_freq_factor: float = 4.0
     """With rope_scaling=llama3: wavelengths below rope_original_max_seq_len/this are kept; must exceed the low one."""
     rope_original_max_seq_len: int = 8192
-    """With rope_scaling=llama3: the context length (tokens) the model was pretrained at before scaling."""
+    """With rope_scaling=llama3|yarn|dynamic: the context length (tokens) the model was pretrained at before scaling."""
+    rope_beta_fast: float = 32.0
+    """With rope_scaling=yarn: channel pairs turning more than this many times over rope_original_max_seq_len keep their frequency."""
+    rope_beta_slow: float = 1.0
+    """With rope_scaling=yarn: pairs turning fewer times than this are interpolated by rope_factor (a ramp between)."""
+    rope_attention_factor: float = 0.0
+    """With rope_scaling=yarn: what cos and sin are multiplied by (sharper attention at long range);
+    0 derives 0.1 * ln(rope_factor) + 1."""
+    rope_truncate: bool = True
+    """With rope_scaling=yarn: round the ramp's ends to whole pairs (transformers' default; gpt-oss sets false)."""
     sliding_window: int = 0
     """Each token attends to itself and the sliding_window - 1 tokens before it (Mistral v0.1, every layer);
     0 attends over the whole causal context."""
@@ -142,6 +153,17 @@ class RopeDecoderConfig(DecoderConfig):
             problems.append(f"{path}.dim/{path}.n_heads={head_size(node)} is odd, RoPE needs an even head size: change {path}.dim or {path}.n_heads")
         if node.rope_scaling != "none":
             problems += positive(node, path, "rope_factor", 8.0)
+        if node.rope_scaling == "yarn":
+            problems += at_least(node, path, ("rope_original_max_seq_len",))
+            if not node.rope_beta_fast > node.rope_beta_slow > 0:
+                problems.append(
+                    f"{path}.rope_beta_fast={node.rope_beta_fast} must exceed {path}.rope_beta_slow={node.rope_beta_slow} > 0: "
+                    f"pass {path}.rope_beta_fast=32 {path}.rope_beta_slow=1"
+                )
+            if not node.rope_attention_factor >= 0:
+                problems.append(f"{path}.rope_attention_factor={node.rope_attention_factor} must be >= 0 (0 derives it): pass {path}.rope_attention_factor=0")
+        if node.rope_scaling == "dynamic":
+            problems += at_least(node, path, ("rope_original_max_seq_len",))
         if node.rope_scaling == "llama3":
             problems += at_least(node, path, ("rope_original_max_seq_len",))
             if not node.rope_high_freq_factor > node.rope_low_freq_factor > 0:
@@ -259,3 +281,27 @@ class SpikingConfig(DecoderConfig):
             problems.append(f"{path}.tau={node.tau} must be >= 1 (timesteps; 1 keeps no memory): pass {path}.tau=2.0")
         problems += positive(node, path, "threshold", 1.0) + positive(node, path, "surrogate_slope", 4.0)
         return problems + one_of(node, path, "reset", SPIKE_RESETS) + one_of(node, path, "surrogate", SPIKE_SURROGATES)
+
+
+@dataclass
+class MLPConfig(ModelConfig):
+    """model=mlp: a classifier of feature vectors (data=digits, data=table), not a decoder."""
+
+    _target_: str = "currytrain.model.mlp.MLPClassifier"
+    in_features: int = 64
+    """Features per row: the data's column count (data=digits: 64)."""
+    num_classes: int = 10
+    """Classes the logits cover: at least the data's (data=digits: 10)."""
+    dim: int = 128
+    """Width of each hidden layer."""
+    n_layers: int = 2
+    """Hidden layers (Linear + GELU + dropout each), kept in model.layers."""
+    dropout: float = 0.0
+    """Probability of zeroing a hidden unit in training."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        problems = at_least(node, path, ("in_features", "dim", "n_layers")) + at_least(node, path, ("num_classes",), minimum=2)
+        if not 0 <= node.dropout < 1:
+            problems.append(f"{path}.dropout={node.dropout} must be in [0, 1): pass {path}.dropout=0.0")
+        return problems

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -37,11 +38,12 @@ def mup_attention_scale(head_dim: int, dim: int, mup: bool, mup_base_width: int)
     return 1.0 / math.sqrt(head_dim * mup_width_multiplier(dim, mup, mup_base_width))
 
 
-def rope_scaling_of(kind: str, factor: float, low_freq_factor: float, high_freq_factor: float, original_max_seq_len: int) -> RopeScaling | None:
-    """The RopeScaling the rope_* config fields describe, None when unscaled."""
+def rope_scaling_of(kind: str, factor: float, low_freq_factor: float, high_freq_factor: float, original_max_seq_len: int, **yarn: Any) -> RopeScaling | None:
+    """The RopeScaling the rope_* config fields describe, None when unscaled; `yarn`: beta_fast, beta_slow,
+    attention_factor, truncate (used by kind=yarn only)."""
     if kind == "none":
         return None
-    return RopeScaling(kind, factor, low_freq_factor, high_freq_factor, original_max_seq_len)
+    return RopeScaling(kind, factor, low_freq_factor, high_freq_factor, original_max_seq_len, **yarn)
 
 
 class Decoder(nn.Module):
@@ -84,6 +86,8 @@ class Decoder(nn.Module):
         self.output = nn.Linear(dim, vocab_size, bias=False)
         if tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
+        # Dynamic scaling rebuilds the tables in forward for inputs longer than the original context.
+        self.rope_dynamic = (rope_head_dim, rope_theta, rope_scaling) if rope_scaling is not None and rope_scaling.kind == "dynamic" else None
         if rope_head_dim is not None:
             cos, sin = build_rope_cache(max_seq_len, rope_head_dim, rope_theta, scaling=rope_scaling)
             # Non-persistent: derived from the config, so checkpoints and HF exports carry only weights.
@@ -138,8 +142,17 @@ class Decoder(nn.Module):
         # muP readout: the output weights' Adam updates move logits by ~width, so logits carry 1/width_multiplier.
         return logits / self.width_multiplier if self.mup else logits
 
+    def rope_tables(self, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cos/sin tables for an input of seq_len tokens: the cached ones, or with dynamic scaling beyond
+        the original context, tables whose base follows seq_len (every position of the input uses it)."""
+        if self.rope_dynamic is None or seq_len <= self.rope_dynamic[2].original_max_seq_len:
+            return self.rope_cos, self.rope_sin
+        head_dim, theta, scaling = self.rope_dynamic
+        return build_rope_cache(seq_len, head_dim, scaling.dynamic_theta(theta, seq_len, head_dim), device=self.rope_cos.device)
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens)
+        cos, sin = self.rope_tables(tokens.shape[1])
         for layer in self.layers:
-            h = layer(h, self.rope_cos, self.rope_sin)
+            h = layer(h, cos, sin)
         return self.readout(h)

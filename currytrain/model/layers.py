@@ -37,13 +37,21 @@ class RopeScaling:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_seq_len: int = 8192
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float = 0.0
+    truncate: bool = True
 
-    def apply(self, inv_freq: torch.Tensor) -> torch.Tensor:
-        """The scaled inverse frequencies (radians per token) of each channel pair."""
+    def apply(self, inv_freq: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
+        """The scaled inverse frequencies (radians per token) of each channel pair (theta: the RoPE base)."""
         if self.kind == "none":
             return inv_freq
         if self.kind == "linear":  # position interpolation: position p is rotated like p / factor
             return inv_freq / self.factor
+        if self.kind == "yarn":
+            return self._yarn(inv_freq, theta)
+        if self.kind == "dynamic":  # unscaled up to original_max_seq_len; longer inputs rescale theta (dynamic_theta)
+            return inv_freq
         assert self.kind == "llama3", self.kind
         # Llama 3.1: wavelengths longer than the pretraining context / low_freq_factor are stretched by factor,
         # those shorter than context / high_freq_factor kept, and a linear ramp in context/wavelength between.
@@ -52,14 +60,52 @@ class RopeScaling:
         ramp = ramp.clamp(0.0, 1.0)
         return (1 - ramp) * inv_freq / self.factor + ramp * inv_freq
 
+    def _yarn(self, inv_freq: torch.Tensor, theta: float) -> torch.Tensor:
+        """YaRN (Peng et al., 2023): channel pairs that turn more than beta_fast times over the pretraining
+        context keep their frequency, those turning fewer than beta_slow times are interpolated by factor,
+        with a linear ramp in the pair index between."""
+        head_dim = 2 * len(inv_freq)
+
+        def pair_turning(rotations: float) -> float:  # the pair index that turns `rotations` times over the context
+            return head_dim * math.log(self.original_max_seq_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+        low, high = pair_turning(self.beta_fast), pair_turning(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, head_dim - 1)
+        high = high + 0.001 if low == high else high  # a one-pair ramp would divide by zero
+        kept = 1 - ((torch.arange(len(inv_freq), dtype=torch.float32, device=inv_freq.device) - low) / (high - low)).clamp(0.0, 1.0)
+        return inv_freq / self.factor * (1 - kept) + inv_freq * kept
+
+    def dynamic_theta(self, theta: float, seq_len: int, head_dim: int) -> float:
+        """Dynamic NTK scaling: a sequence longer than original_max_seq_len rotates every position with a base
+        raised so the longest wavelength stretches with it; shorter ones keep theta."""
+        if seq_len <= self.original_max_seq_len:
+            return theta
+        growth = self.factor * seq_len / self.original_max_seq_len - (self.factor - 1)
+        return theta * growth ** (head_dim / (head_dim - 2))
+
+    @property
+    def magnitude(self) -> float:
+        """What cos and sin are multiplied by: YaRN's attention temperature (attention_factor, or
+        0.1 ln(factor) + 1 when it is 0); 1 for the other kinds."""
+        if self.kind != "yarn":
+            return 1.0
+        if self.attention_factor > 0:
+            return self.attention_factor
+        return 0.1 * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
+
 
 def build_rope_cache(seq_len: int, head_dim: int, theta: float, device=None, scaling: RopeScaling | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables of shape (seq_len, head_dim // 2) for rotary position embedding."""
     assert head_dim % 2 == 0, "RoPE needs an even head dimension"
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
     if scaling is not None:
-        inv_freq = scaling.apply(inv_freq)
+        inv_freq = scaling.apply(inv_freq, theta)
     angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    magnitude = scaling.magnitude if scaling is not None else 1.0
+    if magnitude != 1.0:  # YaRN scales q.k by magnitude**2 through the rotation itself
+        return angles.cos() * magnitude, angles.sin() * magnitude
     return angles.cos(), angles.sin()
 
 

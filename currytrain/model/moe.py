@@ -321,10 +321,24 @@ class MoETransformer(Decoder):
         rope_low_freq_factor: float = 1.0,
         rope_high_freq_factor: float = 4.0,
         rope_original_max_seq_len: int = 8192,
+        rope_beta_fast: float = 32.0,
+        rope_beta_slow: float = 1.0,
+        rope_attention_factor: float = 0.0,
+        rope_truncate: bool = True,
         sliding_window: int = 0,
     ):
         head_dim = head_dim or dim // n_heads
-        scaling = rope_scaling_of(rope_scaling, rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_max_seq_len)
+        scaling = rope_scaling_of(
+            rope_scaling,
+            rope_factor,
+            rope_low_freq_factor,
+            rope_high_freq_factor,
+            rope_original_max_seq_len,
+            beta_fast=rope_beta_fast,
+            beta_slow=rope_beta_slow,
+            attention_factor=rope_attention_factor,
+            truncate=rope_truncate,
+        )
         attention_scale = mup_attention_scale(head_dim, dim, mup, mup_base_width)
 
         def build_block() -> MoEBlock:

@@ -135,6 +135,29 @@ def check_crash(run: Run) -> Finding | None:
     )
 
 
+def check_straggler(run: Run) -> Finding | None:
+    """A multi-process run that did not finish, one of whose ranks fell behind the others: the others wait
+    for it in a collective, so it is the cause (from the per-rank heartbeats, currytrain/trainer/heartbeat.py)."""
+    from currytrain.trainer.heartbeat import PHASE_WORDS, progress, read_heartbeats
+
+    beats = read_heartbeats(run.path)
+    if len(beats) < 2 or run.ending == "finish":
+        return None
+    behind = min(beats, key=lambda rank: progress(beats[rank]))
+    ahead = [rank for rank in sorted(beats) if progress(beats[rank]) > progress(beats[behind])]
+    if not ahead:
+        return None
+    slow, other = beats[behind], beats[ahead[0]]
+    return Finding(
+        "stall",
+        f"rank {behind} stopped at step {slow['step']}, {PHASE_WORDS.get(slow['phase'], slow['phase'])}, while rank{'s' if len(ahead) > 1 else ''} "
+        f"{', '.join(map(str, ahead))} reached step {other['step']}, {PHASE_WORDS.get(other['phase'], other['phase'])}: they wait for rank {behind}",
+        f"look at what rank {behind} (pid {slow.get('pid')}) was doing: its log in workers/rank_{behind}.stderr, `py-spy dump --pid {slow.get('pid')}` "
+        "while it hangs; a stuck data read (network filesystem), a fault on its node or device; then resume with trainer.resume=auto",
+        slow["step"],
+    )
+
+
 def check_stall(run: Run) -> Finding | None:
     import datetime as dt
 
@@ -199,7 +222,7 @@ def check_aborted(run: Run) -> Finding | None:
     )
 
 
-CHECKS = (check_config_error, check_oom, check_killed, check_nan, check_crash, check_divergence, check_stall, check_plateau, check_aborted)
+CHECKS = (check_config_error, check_oom, check_straggler, check_killed, check_nan, check_crash, check_divergence, check_stall, check_plateau, check_aborted)
 
 
 def diagnose(path: str | Path) -> list[Finding]:

@@ -19,8 +19,10 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy in nats; logits are upcast so bf16 autocast keeps an fp32 loss."""
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    """Mean next-token cross-entropy in nats; logits are upcast so bf16 autocast keeps an fp32 loss.
+    Any leading shape works: a decoder's (batch, seq, vocab) against (batch, seq), a classifier's
+    (batch, classes) against (batch,)."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 @dataclass

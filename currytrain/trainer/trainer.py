@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from currytrain.build import build
 from currytrain.checkpoint import Checkpointer, TrainState
 from currytrain.components import Components, build_components
+from currytrain.data import HasEvalMetrics
 from currytrain.errors import Aborted, ConfigError, Pruned, RunFailed
 from currytrain.journal import Journal
 from currytrain.logger.base import MultiLogger
@@ -23,6 +24,7 @@ from currytrain.model.hooks import HasTrainingMetrics
 from currytrain.parallel.compile import compile_report, use_compile_cache
 from currytrain.parallel.memory import optimizer_state_bytes, param_bytes
 from currytrain.parallel.state import ParallelState, resolve_device
+from currytrain.trainer.heartbeat import Heartbeat
 from currytrain.trainer.hooks import Action, Decision, StepHook, decide
 from currytrain.trainer.progress import Progress
 from currytrain.trainer.step import DeviceStep, accumulated_step, causal_lm_loss, fetch_steps
@@ -69,6 +71,8 @@ class Trainer:
         self.loggers = build_loggers(cfg.logger, self.run_dir, enabled=self.state.is_main)
         self.loggers.log_config(OmegaConf.to_container(cfg, resolve=True))
         self.hooks = list(hooks)
+        # Where each rank is, for `currytrain diagnose` to name a straggler (the journal is rank 0's).
+        self.heartbeat = Heartbeat(self.run_dir, self.state.rank, enabled=self.state.world_size > 1)
         self.memory_logged = False
         # trainer.batch_size is the global batch: the dp ranks split it, so this does not depend on their number.
         self.tokens_per_step = self.cfg.batch_size * self.cfg.grad_accum * self.data.seq_len
@@ -93,6 +97,7 @@ class Trainer:
             return val_loss
         finally:
             self.loggers.close(status)
+            self.heartbeat.close()
 
     def _train(self) -> float:
         if not self.maybe_resume():
@@ -124,7 +129,9 @@ class Trainer:
         step, cfg = self.step, self.cfg
         # 1. forward/backward over the microbatches, 2. clip, 3. finiteness check, 4. optimizer step
         data_step = step + self.train_state.data_offset  # past the batches of rolled-back steps
+        self.heartbeat.beat(step, "data")
         microbatches = [self.batch("train", data_step, micro) for micro in range(cfg.grad_accum)]
+        self.heartbeat.beat(step, "compute")
         pending = accumulated_step(
             self.model,
             self.optimizer,
@@ -142,6 +149,7 @@ class Trainer:
         self.pending.append((step, pending, self.optimizer.param_groups[0]["lr"]))
         self.scheduler.step()
         if self.metrics and not self.is_fetch_step(step):  # the first step of a run (or a resume) fetches
+            self.heartbeat.beat(step, "done")
             return self.metrics
         # 6. fetch the pending steps; journal skips; log this step
         fetched = self.fetch_pending()
@@ -157,6 +165,7 @@ class Trainer:
             decision = decide(self.hooks, earlier, earlier_metrics)
             if decision.action is not Action.CONTINUE:
                 self.act_on(decision)
+                self.heartbeat.beat(self.step, "done")
                 return metrics
         if step % cfg.eval_every == 0 and step != cfg.max_steps:
             metrics["val/loss"] = self.evaluate()
@@ -165,6 +174,7 @@ class Trainer:
             self.save_checkpoint()
         # 9. hooks: abort conditions, sweep pruning, ladder probes
         self.act_on(decide(self.hooks, step, metrics))
+        self.heartbeat.beat(step, "done")
         return metrics
 
     def is_fetch_step(self, step: int) -> bool:
@@ -243,17 +253,21 @@ class Trainer:
     def evaluate(self) -> float:
         """Mean loss over the same trainer.eval_batches val batches every time, so evals are comparable."""
         self.model.eval()
-        losses = []
+        losses, extra = [], []
         for index in range(self.cfg.eval_batches):
             inputs, targets = self.batch("val", 0, index)
             inputs, targets = inputs.to(self.state.device), targets.to(self.state.device)
             with torch.autocast(self.state.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
-                losses.append(causal_lm_loss(self.model(inputs), targets).item())
+                logits = self.model(inputs)
+                losses.append(causal_lm_loss(logits, targets).item())
+            if isinstance(self.data, HasEvalMetrics):  # a classifier's accuracy, say
+                extra.append(self.data.eval_metrics(logits, targets))
         self.model.train()
         val_loss = self.state.mean_over("loss", torch.tensor(sum(losses) / len(losses), device=self.state.device)).item()
-        self.loggers.log_metrics({"val/loss": val_loss, "val/bits_per_token": val_loss / math.log(2)}, self.step)
-        self.journal.event("eval", step=self.step, val_loss=val_loss)
-        log.info("step %d: val loss %.4f", self.step, val_loss)
+        means = {key: self.state.mean_over("loss", torch.tensor(sum(m[key] for m in extra) / len(extra))).item() for key in (extra[0] if extra else {})}
+        self.loggers.log_metrics({"val/loss": val_loss, "val/bits_per_token": val_loss / math.log(2), **{f"val/{k}": v for k, v in means.items()}}, self.step)
+        self.journal.event("eval", step=self.step, val_loss=val_loss, **means)
+        log.info("step %d: val loss %.4f%s", self.step, val_loss, "".join(f", {key} {value:.4f}" for key, value in means.items()))
         return val_loss
 
     def save_checkpoint(self) -> None:

@@ -1,0 +1,112 @@
+"""Stage ablation: a small A/B of baseline against an idea, over seeds, before the idea gets a full run.
+
+The idea is a list of overrides of the configured run (`check.stages.ablation.idea=[optimizer.lr=0.01]`).
+Both arms train the same seeds at a small budget; the verdict compares the mean final val losses with a
+Welch 95% interval (the one `currytrain compare` uses): "real" when the interval excludes 0, "within
+noise" when it holds it. Next to the expected gain stands the cost of one full run of the configured
+trainer.max_steps: its wall time here, from the step time the arms measured, and its device-hours and
+money on cfg.cost (`currytrain estimate`).
+Gate: an idea that is really worse fails; within noise warns; really better passes.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from currytrain.check.seeds import budget_overrides, run_seeds
+from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
+from currytrain.check.subruns import SubRun
+from currytrain.components import Components
+from currytrain.report.compare import welch
+
+
+def verdict(baseline: list[float], idea: list[float]) -> tuple[float, float, str]:
+    """(mean(idea) - mean(baseline), half-width of its 95% interval, 'real' or 'within noise')."""
+    difference, half = welch(baseline, idea)
+    return difference, half, "real" if abs(difference) > half else "within noise"
+
+
+def full_run_seconds(runs: list[SubRun], sub_steps: int, full_steps: int) -> float:
+    """Seconds one full run of `full_steps` would take here, from the arms' measured seconds per step."""
+    per_step = statistics.median(run.seconds / sub_steps for run in runs)
+    return per_step * full_steps
+
+
+def ablation_finding(idea: list[str], base: list[SubRun], arm: list[SubRun], full_seconds: float) -> Finding:
+    expected = "the idea lowers the final val loss beyond seed noise (Welch 95% interval excludes 0)"
+    unfinished = [run.name for run in base + arm if not run.finished]
+    if unfinished:
+        return Finding(
+            "ablation",
+            Status.FAILED,
+            f"runs that did not finish: {', '.join(unfinished)}",
+            expected,
+            "an arm diverged or was aborted",
+            "check the idea's overrides (a higher lr?); run check=lr_range on the idea",
+        )
+    a, b = [run.val_loss for run in base], [run.val_loss for run in arm]
+    difference, half, word = verdict(a, b)
+    observed = (
+        f"{' '.join(idea)}: {word}, {difference:+.4f} ± {half:.4f} nats (idea {statistics.fmean(b):.4f} vs baseline {statistics.fmean(a):.4f}, "
+        f"{len(a)} seeds each); a full run costs ~{full_seconds / 60:.1f} min here"
+    )
+    if word == "within noise":
+        return Finding(
+            "ablation",
+            Status.WARNING,
+            observed,
+            expected,
+            "the difference is within seed noise at this budget: the idea's gain, if any, is smaller than the noise",
+            "more seeds (check.stages.ablation.seeds) or a longer budget (check.stages.ablation.max_steps) before a full run",
+        )
+    if difference > 0:
+        return Finding("ablation", Status.FAILED, observed, expected, "the idea is really worse than the baseline at this budget", "drop or rethink the idea")
+    return Finding("ablation", Status.PASSED, observed, expected)
+
+
+class Ablation(Stage):
+    """Baseline vs idea over seeds at a small budget. Thresholds: AblationConfig's fields."""
+
+    name = "ablation"
+    needs_components = False
+
+    def __init__(self, idea: list[str] = (), seeds: int = 3, max_steps: int | None = 100, baseline: list[str] = ()):
+        self.idea, self.seeds, self.max_steps, self.baseline = list(idea), seeds, max_steps, list(baseline)
+        self.verdict: tuple[float, float, str] | None = None
+        """(difference, half-width, word) of the last assessment."""
+
+    def assess(self, parts: Components | None, ctx: StageContext) -> StageResult:
+        result = StageResult(self.name)
+        if not self.idea:
+            result.findings.append(
+                Finding("ablation", Status.PASSED, "no idea given: skipped", "check.stages.ablation.idea=[<override>,...] to compare an idea")
+            )
+            return result
+        seeds = [int(ctx.cfg.seed) + i for i in range(self.seeds)]
+        budget = budget_overrides(self.max_steps, [])
+        base = run_seeds(ctx, self.name, "baseline_", seeds, budget + self.baseline)
+        arm = run_seeds(ctx, self.name, "idea_", seeds, budget + self.baseline + self.idea)
+        steps = self.max_steps or int(ctx.cfg.trainer.max_steps)
+        full = full_run_seconds(base + arm, steps, int(ctx.cfg.trainer.max_steps))
+        finding = ablation_finding(self.idea, base, arm, full)
+        finding.observed += f"; on {ctx.cfg.cost.name}: {_priced(ctx)}" if "cost" in ctx.cfg else ""
+        if all(run.finished for run in base + arm):
+            self.verdict = verdict([r.val_loss for r in base], [r.val_loss for r in arm])
+        result.findings.append(finding)
+        result.details = arms_table(base, arm) + f"\n\nThe arms are run folders: `currytrain compare {ctx.run_dir}/{self.name}`."
+        return result
+
+
+def _priced(ctx: StageContext) -> str:
+    """The full run's time and money on cfg.cost (currytrain estimate), next to the expected gain."""
+    from currytrain.cost.estimate import estimate_cost
+
+    estimate = estimate_cost(ctx.cfg, measure_steps=3)
+    return f"{estimate.device_hours:,.2f} device-hours, ${estimate.money:,.2f} ({estimate.method})"
+
+
+def arms_table(base: list[SubRun], arm: list[SubRun]) -> str:
+    lines = ["| arm | seed run | final val loss | seconds |", "|---|---|---:|---:|"]
+    for label, runs in (("baseline", base), ("idea", arm)):
+        lines += [f"| {label} | {run.name} | {run.val_loss:.4f} | {run.seconds:.1f} |" for run in runs]
+    return "\n".join(lines)

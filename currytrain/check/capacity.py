@@ -1,0 +1,104 @@
+"""Stage capacity: models of several widths and depths trained at one fixed compute budget.
+
+The budget is the configured model's: C = 6 N D with D the tokens of `budget_steps` steps. Every (width,
+depth) pair gets the steps that spend the same C (a smaller model trains longer), at least `min_steps`.
+The final train loss against parameters shows where capacity stops paying: the saturation point is the
+smallest model that no larger one beats by more than `min_gain` nats. A curve still falling at the
+largest size warns: at this budget the model is capacity-bound, and a bigger one would train better.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from currytrain.check import figures
+from currytrain.check.scaling import width_overrides
+from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
+from currytrain.check.subruns import SubRun, derive, train_subrun
+from currytrain.components import Components
+
+
+@dataclass
+class Shape:
+    width: int
+    depth: int
+    num_params: int
+    steps: int
+
+    @property
+    def name(self) -> str:
+        return f"dim_{self.width}_layers_{self.depth}"
+
+    def overrides(self, model_cfg) -> list[str]:
+        return [*width_overrides(model_cfg, self.width), f"model.n_layers={self.depth}", f"trainer.max_steps={self.steps}", f"trainer.eval_every={self.steps}"]
+
+
+def plan(ctx: StageContext, widths: list[int], depths: list[int], budget_steps: int, min_steps: int) -> list[Shape]:
+    """Every (width, depth) with the steps that spend the configured model's compute of budget_steps steps."""
+    from currytrain.estimate import count_parameters
+
+    budget = count_parameters(ctx.cfg.model) * budget_steps  # 6 * tokens per step cancels out
+    shapes = []
+    for depth in depths:
+        for width in widths:
+            model = derive(ctx.cfg, [*width_overrides(ctx.cfg.model, width), f"model.n_layers={depth}"]).model
+            num_params = count_parameters(model)
+            shapes.append(Shape(width, depth, num_params, max(min_steps, round(budget / num_params))))
+    return sorted(shapes, key=lambda shape: shape.num_params)
+
+
+def saturation(runs: list[SubRun], min_gain: float) -> int:
+    """Index (runs sorted by size) of the smallest model no larger one beats by more than min_gain."""
+    losses = [run.train_loss for run in runs]
+    return next(i for i in range(len(runs)) if all(losses[i] - later <= min_gain for later in losses[i + 1 :]))
+
+
+def capacity_finding(shapes: list[Shape], runs: list[SubRun], min_gain: float) -> Finding:
+    index = saturation(runs, min_gain)
+    shape, run = shapes[index], runs[index]
+    observed = f"saturates at {shape.name} ({run.num_params:,} params, train loss {run.train_loss:.4f}); best {min(r.train_loss for r in runs):.4f}"
+    expected = f"no larger model beats the saturation point by more than {min_gain:g} nats"
+    if index == len(runs) - 1:
+        return Finding(
+            "capacity",
+            Status.WARNING,
+            observed,
+            expected,
+            "the loss still falls at the largest model: at this compute the model is capacity-bound",
+            "a larger model (model.dim, model.n_layers) trains better at this budget; add larger check.stages.capacity.widths",
+        )
+    return Finding("capacity", Status.PASSED, observed, expected)
+
+
+class Capacity(Stage):
+    """Width x depth at fixed compute, train loss against parameters, saturation point. Thresholds: CapacityConfig."""
+
+    name = "capacity"
+    needs_components = False
+
+    def __init__(self, widths: list[int] = (64, 128, 192), depths: list[int] = (2, 4), budget_steps: int = 50, min_steps: int = 10, min_gain: float = 0.02):
+        self.widths, self.depths, self.budget_steps, self.min_steps, self.min_gain = list(widths), list(depths), budget_steps, min_steps, min_gain
+        self.runs: list[SubRun] = []
+
+    def assess(self, parts: Components | None, ctx: StageContext) -> StageResult:
+        result = StageResult(self.name)
+        shapes = plan(ctx, self.widths, self.depths, self.budget_steps, self.min_steps)
+        self.runs = [train_subrun(ctx, self.name, shape.name, shape.overrides(ctx.cfg.model)) for shape in shapes]
+        failed = [run.name for run in self.runs if not run.finished]
+        if failed:
+            finding = Finding(
+                "capacity", Status.FAILED, f"runs that did not finish: {', '.join(failed)}", "every shape trains", "a shape diverged", "lower optimizer.lr"
+            )
+            result.findings.append(finding)
+            return result
+        result.findings.append(capacity_finding(shapes, self.runs, self.min_gain))
+        if ctx.state.is_main:
+            index = saturation(self.runs, self.min_gain)
+            marks = {"saturation": (self.runs[index].num_params, self.runs[index].train_loss)}
+            xs, ys = [r.num_params for r in self.runs], [r.train_loss for r in self.runs]
+            path = Path(ctx.run_dir) / "capacity.png"
+            result.figures.append(figures.scatter_fit(path, xs, ys, None, ("parameters N", "train loss (nats/token)"), "capacity at fixed compute", marks))
+        rows = [f"| {s.name} | {r.num_params:,} | {s.steps} | {r.train_loss:.4f} | {r.val_loss:.4f} |" for s, r in zip(shapes, self.runs)]
+        result.details = "\n".join(["| shape | parameters | steps | train loss (last 10%) | val loss |", "|---|---:|---:|---:|---:|", *rows])
+        return result

@@ -1,0 +1,183 @@
+"""Stage lr_range: the learning-rate range test (Leslie Smith, "Cyclical Learning Rates", 2017).
+
+The model trains on fresh batches while the lr grows exponentially from min_lr to max_lr; the loss is
+smoothed with a bias-corrected exponential moving average and the sweep stops once the smoothed loss
+exceeds `diverge_factor` times its minimum. Suggested lr (rule `min_loss`, the default): the lr at the
+smoothed minimum divided by `min_loss_divisor`, the largest lr that is still well clear of divergence.
+Rule `steepest`: the lr where the smoothed loss falls fastest per decade of lr. The weights and optimizer
+state are restored afterwards; every parameter group keeps its ratio to the peak lr (muP's per-layer lrs).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from currytrain.check import figures
+from currytrain.check.probes import StepFn, get_batch, peak_lr, scratch, train_step
+from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status, fmt, probe
+from currytrain.components import Components
+
+
+@dataclass
+class Sweep:
+    lrs: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    smoothed: list[float] = field(default_factory=list)
+    diverged_at: float | None = None
+    """The lr at which the smoothed loss passed diverge_factor x its minimum (None: it never did)."""
+
+    def best(self) -> int:
+        """Index of the smoothed minimum."""
+        return min(range(len(self.smoothed)), key=self.smoothed.__getitem__)
+
+    def steepest(self) -> int:
+        """Index, before the minimum, where the smoothed loss falls fastest per unit of log(lr)."""
+        end = self.best()
+        if end < 2:
+            return end
+        slopes = [(self.smoothed[i + 1] - self.smoothed[i - 1]) / math.log(self.lrs[i + 1] / self.lrs[i - 1]) for i in range(1, end)]
+        return 1 + min(range(len(slopes)), key=slopes.__getitem__)
+
+
+def lr_schedule(min_lr: float, max_lr: float, steps: int) -> list[float]:
+    """`steps` lrs from min_lr to max_lr, evenly spaced in log(lr)."""
+    ratio = (max_lr / min_lr) ** (1 / max(1, steps - 1))
+    return [min_lr * ratio**index for index in range(steps)]
+
+
+def sweep_lr(parts: Components, step: StepFn, lrs: list[float], batch_size: int, smoothing: float, diverge_factor: float) -> Sweep:
+    """Train one step per lr on fresh batches; stop when the smoothed loss diverges."""
+    result, average = Sweep(), 0.0
+    peak = peak_lr(parts)
+    ratios = [group.get("initial_lr", group["lr"]) / peak for group in parts.optimizer.param_groups]
+    with scratch(parts):
+        for index, lr in enumerate(lrs):
+            for group, ratio in zip(parts.optimizer.param_groups, ratios):
+                group["lr"] = lr * ratio
+            torch.manual_seed(index)
+            loss = step(parts, get_batch(parts, batch_size, step=index)).loss
+            if not math.isfinite(loss):
+                result.diverged_at = lr
+                break
+            average = smoothing * average + (1 - smoothing) * loss
+            result.lrs.append(lr)
+            result.losses.append(loss)
+            result.smoothed.append(average / (1 - smoothing ** (index + 1)))
+            if index > 0 and result.smoothed[-1] > diverge_factor * min(result.smoothed):
+                result.diverged_at = lr
+                break
+    return result
+
+
+def suggest(sweep: Sweep, rule: str, divisor: float) -> float:
+    if rule == "steepest":
+        return sweep.lrs[sweep.steepest()]
+    return sweep.lrs[sweep.best()] / divisor
+
+
+def range_finding(sweep: Sweep, rule: str, divisor: float, min_drop: float) -> Finding:
+    expected = f"the smoothed loss falls by >= {min_drop:g} nats, then diverges inside the range"
+    if len(sweep.smoothed) < 3:
+        return Finding(
+            "lr range",
+            Status.FAILED,
+            f"diverged after {len(sweep.smoothed)} steps, at lr={fmt(sweep.diverged_at)}",
+            expected,
+            "the loss blows up at the smallest lr of the sweep",
+            "lower check.stages.lr_range.min_lr; if it still diverges, run check=preflight (init scale, gradient flow)",
+        )
+    best, steep = sweep.best(), sweep.steepest()
+    drop = sweep.smoothed[0] - sweep.smoothed[best]
+    suggested = suggest(sweep, rule, divisor)
+    observed = (
+        f"suggested lr {suggested:.3g} ({rule}); smoothed minimum {sweep.smoothed[best]:.3f} at lr {sweep.lrs[best]:.3g}, "
+        f"steepest descent at lr {sweep.lrs[steep]:.3g}, drop {drop:.3f} nats, "
+        + (f"diverged at lr {sweep.diverged_at:.3g}" if sweep.diverged_at else "no divergence")
+    )
+    if drop < min_drop:
+        return Finding(
+            "lr range",
+            Status.FAILED,
+            observed,
+            expected,
+            "the loss does not fall at any lr of the range: the model does not learn",
+            "run check=sanity (overfit one batch); widen the range (min_lr, max_lr) or raise steps",
+        )
+    if sweep.diverged_at is None:
+        return Finding(
+            "lr range",
+            Status.WARNING,
+            observed,
+            expected,
+            "the loss never diverged, so the minimum may sit at the end of the range and the suggestion is a lower bound",
+            "raise check.stages.lr_range.max_lr",
+        )
+    return Finding("lr range", Status.PASSED, observed, expected)
+
+
+def configured_finding(configured: float, suggested: float, tolerance: float) -> Finding:
+    ratio = configured / suggested
+    observed = f"optimizer.lr={configured:g} is {ratio:.2g}x the suggested {suggested:.3g}"
+    expected = f"within a factor {tolerance:g} of the suggestion"
+    if 1 / tolerance <= ratio <= tolerance:
+        return Finding("configured lr", Status.PASSED, observed, expected)
+    word = "above" if ratio > 1 else "below"
+    return Finding(
+        "configured lr",
+        Status.WARNING,
+        observed,
+        expected,
+        f"the configured lr is far {word} what the range test suggests",
+        f"try optimizer.lr={suggested:.3g} (or confirm with a small grid: python launch.py -m optimizer.lr=...)",
+    )
+
+
+class LRRange(Stage):
+    """Exponential lr sweep with divergence detection and a suggested lr. Thresholds: LRRangeConfig's fields."""
+
+    name = "lr_range"
+
+    def __init__(
+        self,
+        min_lr: float = 1e-5,
+        max_lr: float = 10.0,
+        steps: int = 100,
+        batch_size: int = 16,
+        smoothing: float = 0.9,
+        diverge_factor: float = 4.0,
+        rule: str = "min_loss",
+        min_loss_divisor: float = 10.0,
+        min_drop: float = 0.1,
+        lr_tolerance: float = 3.0,
+    ):
+        self.min_lr, self.max_lr, self.steps, self.batch_size = min_lr, max_lr, steps, batch_size
+        self.smoothing, self.diverge_factor, self.rule, self.min_loss_divisor = smoothing, diverge_factor, rule, min_loss_divisor
+        self.min_drop, self.lr_tolerance = min_drop, lr_tolerance
+        self.step_fn: StepFn = train_step
+        self.sweep: Sweep | None = None
+        """The last sweep (tests and bench/ read it)."""
+
+    def assess(self, parts: Components, ctx: StageContext) -> StageResult:
+        result = StageResult(self.name)
+        lrs = lr_schedule(self.min_lr, self.max_lr, self.steps)
+        sweep = Sweep()
+
+        def run() -> Finding:
+            nonlocal sweep
+            sweep = sweep_lr(parts, self.step_fn, lrs, self.batch_size, self.smoothing, self.diverge_factor)
+            return range_finding(sweep, self.rule, self.min_loss_divisor, self.min_drop)
+
+        result.findings.append(probe("lr range", run))
+        self.sweep = sweep
+        if len(sweep.smoothed) < 3:
+            return result
+        suggested = suggest(sweep, self.rule, self.min_loss_divisor)
+        result.findings.append(configured_finding(peak_lr(parts), suggested, self.lr_tolerance))
+        if ctx.state.is_main:
+            result.figures.append(figures.lr_range(Path(ctx.run_dir) / "lr_range.png", sweep, suggested, peak_lr(parts)))
+        result.details = f"Suggested: `optimizer.lr={suggested:.3g}` (rule `{self.rule}`; {len(sweep.lrs)} steps of batch {self.batch_size})."
+        return result

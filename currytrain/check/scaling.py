@@ -1,0 +1,164 @@
+"""Stage scaling: fit L(N) = E + A * N^-alpha to runs at several model sizes, then extrapolate.
+
+Each size is the configured model at another width (model.dim, hidden sizes scaled alike), trained for the
+same number of steps, so every run sees the same tokens D and its compute is C = 6 N D; the compute form
+L(C) = E + B * C^-alpha is the same fit with N replaced by C. The fit (scipy's least squares, in log
+space for A so that it stays positive) gets a residual-bootstrap interval for alpha and for the
+prediction; the prediction's interval adds the residual noise of one run. The largest size is held out:
+it is predicted from the others, and the gate is that its measured loss lies inside the stated interval.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from currytrain.check import figures
+from currytrain.check.seeds import budget_overrides
+from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
+from currytrain.check.subruns import SubRun, train_subrun
+from currytrain.components import Components
+
+
+def power_law(n: np.ndarray, e: float, log_a: float, alpha: float) -> np.ndarray:
+    return e + np.exp(log_a - alpha * np.log(n))
+
+
+@dataclass
+class PowerLawFit:
+    e: float
+    a: float
+    alpha: float
+    alphas: list[float] = field(default_factory=list, repr=False)
+    """alpha of every bootstrap refit."""
+    residual_std: float = 0.0
+    """Std of one point around the fit (the noise of one run)."""
+    boot: list[tuple[float, float, float]] = field(default_factory=list, repr=False)
+
+    def predict(self, n: float) -> float:
+        return float(power_law(np.asarray(n, float), self.e, math.log(self.a), self.alpha))
+
+    def alpha_interval(self, level: float = 0.95) -> tuple[float, float]:
+        low, high = np.quantile(self.alphas, [(1 - level) / 2, (1 + level) / 2])
+        return float(low), float(high)
+
+    def prediction_interval(self, n: float, level: float = 0.95) -> tuple[float, float]:
+        """Where one run at size n should land: the fit's bootstrap spread plus one run's noise."""
+        from scipy import stats
+
+        predictions = np.array([float(power_law(np.asarray(n, float), e, log_a, alpha)) for e, log_a, alpha in self.boot])
+        z = float(stats.norm.ppf((1 + level) / 2))
+        spread = math.sqrt(float(np.var(predictions)) + self.residual_std**2)
+        center = self.predict(n)
+        return center - z * spread, center + z * spread
+
+
+def _least_squares(n: np.ndarray, loss: np.ndarray, start: tuple[float, float, float]) -> tuple[float, float, float]:
+    from scipy.optimize import least_squares
+
+    bounds = ([-np.inf, -np.inf, 0.0], [float(loss.min()), np.inf, 5.0])  # E below every observed loss
+    fit = least_squares(lambda p: power_law(n, *p) - loss, start, bounds=bounds, method="trf")
+    return tuple(float(v) for v in fit.x)
+
+
+def fit_power_law(sizes: list[float], losses: list[float], bootstrap: int = 500, seed: int = 0) -> PowerLawFit:
+    """L(N) = E + A N^-alpha by least squares, with `bootstrap` residual resamplings for the intervals."""
+    n, loss = np.asarray(sizes, float), np.asarray(losses, float)
+    e0 = float(loss.min()) - 0.5 * float(loss.max() - loss.min()) - 1e-3
+    slope = np.polyfit(np.log(n), np.log(np.maximum(loss - e0, 1e-9)), 1)
+    start = (e0, float(slope[1]), float(min(max(-slope[0], 0.01), 4.9)))
+    e, log_a, alpha = _least_squares(n, loss, start)
+    fitted = power_law(n, e, log_a, alpha)
+    residuals = loss - fitted
+    dof = max(1, len(n) - 3)
+    residual_std = math.sqrt(float(residuals @ residuals) / dof)
+    rng = np.random.default_rng(seed)
+    boot = []
+    for _ in range(bootstrap):
+        sample = fitted + rng.choice(residuals, size=len(n), replace=True) * math.sqrt(len(n) / dof)
+        boot.append(_least_squares(n, sample, (e, log_a, alpha)))
+    return PowerLawFit(e, math.exp(log_a), alpha, [b[2] for b in boot], residual_std, boot)
+
+
+def width_overrides(model_cfg, width: int) -> list[str]:
+    """The overrides that put the configured model at `width` (hidden sizes at the same ratio to dim)."""
+    from currytrain.check.mup import HIDDEN_FIELDS
+
+    ratio = width / model_cfg.dim
+    return [f"model.dim={width}"] + [f"model.{name}={max(1, round(model_cfg[name] * ratio))}" for name in HIDDEN_FIELDS if model_cfg.get(name)]
+
+
+def held_out_finding(fit: PowerLawFit, held: SubRun) -> Finding:
+    low, high = fit.prediction_interval(held.num_params)
+    predicted = fit.predict(held.num_params)
+    observed = f"{held.name} ({held.num_params:,} params): measured {held.train_loss:.4f}, predicted {predicted:.4f} [{low:.4f}, {high:.4f}]"
+    expected = "the measured loss inside the 95% prediction interval of the fit to the smaller sizes"
+    if low <= held.train_loss <= high:
+        return Finding("held-out size", Status.PASSED, observed, expected)
+    return Finding(
+        "held-out size",
+        Status.FAILED,
+        observed,
+        expected,
+        "the smaller sizes do not predict the larger one: the loss is not a power law of size here (too few steps, a "
+        "size past saturation, or noise larger than the gaps between sizes)",
+        "use more steps (check.stages.scaling.max_steps), sizes further apart, or check=capacity to find the saturation",
+    )
+
+
+class Scaling(Stage):
+    """Runs at several widths, a power-law fit with bootstrap intervals, a held-out size. Thresholds: ScalingConfig."""
+
+    name = "scaling"
+    needs_components = False
+
+    def __init__(self, widths: list[int] = (32, 48, 64, 96, 128), max_steps: int | None = 100, bootstrap: int = 500, target_params: int = 0):
+        self.widths, self.max_steps, self.bootstrap, self.target_params = sorted(widths), max_steps, bootstrap, target_params
+        self.runs: list[SubRun] = []
+        self.fit: PowerLawFit | None = None
+
+    def assess(self, parts: Components | None, ctx: StageContext) -> StageResult:
+        result = StageResult(self.name)
+        budget = budget_overrides(self.max_steps, [])
+        self.runs = [train_subrun(ctx, self.name, f"dim_{w}", budget + width_overrides(ctx.cfg.model, w)) for w in self.widths]
+        failed = [run.name for run in self.runs if not run.finished]
+        if failed:
+            result.findings.append(
+                Finding(
+                    "scaling fit", Status.FAILED, f"runs that did not finish: {', '.join(failed)}", "every size trains", "a size diverged", "lower optimizer.lr"
+                )
+            )
+            return result
+        *fitted, held = self.runs
+        self.fit = fit_power_law([r.num_params for r in fitted], [r.train_loss for r in fitted], self.bootstrap, int(ctx.cfg.seed))
+        low, high = self.fit.alpha_interval()
+        tokens = (self.max_steps or ctx.cfg.trainer.max_steps) * ctx.cfg.trainer.batch_size * ctx.cfg.data.seq_len
+        observed = f"L(N) = {self.fit.e:.3f} + {self.fit.a:.3g} N^-{self.fit.alpha:.3f} (alpha 95% CI [{low:.3f}, {high:.3f}]); compute form L(C) = E + {self.fit.a * (6 * tokens) ** self.fit.alpha:.3g} C^-{self.fit.alpha:.3f} at D = {tokens:,} tokens"
+        result.findings.append(Finding("scaling fit", Status.PASSED, observed, f"a power law through {len(fitted)} sizes"))
+        result.findings.append(held_out_finding(self.fit, held))
+        if self.target_params:
+            low_t, high_t = self.fit.prediction_interval(self.target_params)
+            text = f"{self.fit.predict(self.target_params):.4f} [{low_t:.4f}, {high_t:.4f}] at {self.target_params:,} params"
+            result.findings.append(Finding("extrapolation", Status.PASSED, text, "the predicted train loss at target_params (95%)"))
+        if ctx.state.is_main:
+            result.figures.append(self.figure(Path(ctx.run_dir) / "scaling.png"))
+        result.details = "\n".join(
+            ["| run | parameters | train loss (last 10%) | val loss |", "|---|---:|---:|---:|"]
+            + [f"| {r.name} | {r.num_params:,} | {r.train_loss:.4f} | {r.val_loss:.4f} |" for r in self.runs]
+        )
+        return result
+
+    def figure(self, path: Path) -> Path:
+        fitted = self.runs[:-1]
+        top = max(self.target_params, self.runs[-1].num_params)
+        grid = list(np.geomspace(fitted[0].num_params, top, 50))
+        curve = (grid, [self.fit.predict(n) for n in grid])
+        held = self.runs[-1]
+        marks = {f"held out ({held.name})": (held.num_params, held.train_loss)}
+        if self.target_params:
+            marks["prediction"] = (self.target_params, self.fit.predict(self.target_params))
+        xs, ys = [r.num_params for r in fitted], [r.train_loss for r in fitted]
+        return figures.scatter_fit(path, xs, ys, curve, ("parameters N", "train loss (nats/token)"), "scaling: L(N) = E + A N^-alpha", marks)

@@ -1,0 +1,116 @@
+"""Stage seeds: the same config trained with k seeds at a small budget, to measure trial-to-trial noise.
+
+Reports the mean, std and 95% interval (Student t) of the final val loss, and the smallest difference
+between two configs that k seeds each can detect (two-sided 5% test, 80% power: delta = (z_0.975 + z_0.8)
+* std * sqrt(2/k), the inverse of `currytrain compare`'s seeds-needed rule). The seed runs are run folders
+under <run>/seeds/, so `currytrain compare <run>/seeds` reads them. Gate: every seed finishes (a seed that
+diverges means the config is unstable at this lr); a noise above `max_std` warns.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
+from currytrain.check.subruns import SubRun, train_subrun
+from currytrain.components import Components
+from currytrain.report.compare import Z_80, Z_95
+
+
+@dataclass
+class SeedStats:
+    values: list[float]
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.values)
+
+    @property
+    def std(self) -> float:
+        return statistics.stdev(self.values) if len(self.values) >= 2 else math.nan
+
+    @property
+    def half_width(self) -> float:
+        """Half the 95% interval of the mean (Student t with k-1 degrees of freedom)."""
+        from scipy import stats
+
+        k = len(self.values)
+        return float(stats.t.ppf(0.975, k - 1)) * self.std / math.sqrt(k) if k >= 2 else math.nan
+
+    def detectable(self, k: int | None = None) -> float:
+        """Smallest difference of means k seeds per config detect (5% two-sided, 80% power)."""
+        k = k or len(self.values)
+        return (Z_95 + Z_80) * self.std * math.sqrt(2 / k)
+
+
+def budget_overrides(max_steps: int | None, overrides: list[str]) -> list[str]:
+    """The sub-run budget (trainer.max_steps, evaluated once at the end) before the stage's own overrides."""
+    if not max_steps:
+        return list(overrides)
+    return [f"trainer.max_steps={max_steps}", f"trainer.eval_every={max_steps}", *overrides]
+
+
+def seed_overrides(ctx: StageContext, seed: int) -> list[str]:
+    """seed, and data.seed beside it: the resolved config holds the value data.seed once interpolated."""
+    return [f"seed={seed}"] + ([f"data.seed={seed}"] if "seed" in ctx.cfg.data else [])
+
+
+def run_seeds(ctx: StageContext, stage: str, prefix: str, seeds: list[int], overrides: list[str]) -> list[SubRun]:
+    return [train_subrun(ctx, stage, f"{prefix}seed_{seed}", [*overrides, *seed_overrides(ctx, seed)]) for seed in seeds]
+
+
+def seeds_finding(runs: list[SubRun], max_std: float) -> Finding:
+    failed = [run for run in runs if not run.finished]
+    done = SeedStats([run.val_loss for run in runs if run.finished])
+    expected = f"every seed finishes; std <= {max_std:g} nats"
+    if failed:
+        names = ", ".join(run.name for run in failed)
+        return Finding(
+            "seed variance",
+            Status.FAILED,
+            f"{len(failed)}/{len(runs)} seeds did not finish ({names}): {failed[0].message[:200]}",
+            expected,
+            "training is unstable at this config: some seeds diverge",
+            "lower optimizer.lr, raise optimizer.schedule.warmup_steps or set trainer.grad_clip=1.0 (run check=lr_range)",
+        )
+    observed = (
+        f"final val loss {done.mean:.4f} ± {done.half_width:.4f} (95% CI), std {done.std:.4f} over {len(runs)} seeds; "
+        f"smallest detectable difference with {len(runs)} seeds: {done.detectable():.4f} nats"
+    )
+    if done.std > max_std:
+        return Finding(
+            "seed variance",
+            Status.WARNING,
+            observed,
+            expected,
+            "the seed noise is large: small improvements will be indistinguishable from luck",
+            "run more seeds per config, a longer budget (check.stages.seeds.max_steps) or a larger eval (trainer.eval_batches)",
+        )
+    return Finding("seed variance", Status.PASSED, observed, expected)
+
+
+def seeds_table(runs: list[SubRun]) -> str:
+    lines = ["| run | final val loss | seconds | folder |", "|---|---:|---:|---|"]
+    lines += [f"| {run.name} | {run.val_loss:.4f} | {run.seconds:.1f} | {run.path.name} |" for run in runs]
+    return "\n".join(lines)
+
+
+class Seeds(Stage):
+    """k seeds of the config at a small budget: mean, std, 95% CI, detectable effect. Thresholds: SeedsConfig."""
+
+    name = "seeds"
+    needs_components = False
+
+    def __init__(self, seeds: int = 3, max_steps: int | None = 100, max_std: float = 0.05, overrides: list[str] = ()):
+        self.seeds, self.max_steps, self.max_std, self.overrides = seeds, max_steps, max_std, list(overrides)
+        self.runs: list[SubRun] = []
+
+    def assess(self, parts: Components | None, ctx: StageContext) -> StageResult:
+        result = StageResult(self.name)
+        base = int(ctx.cfg.seed)
+        self.runs = run_seeds(ctx, self.name, "", [base + i for i in range(self.seeds)], budget_overrides(self.max_steps, self.overrides))
+        result.findings.append(seeds_finding(self.runs, self.max_std))
+        result.details = seeds_table(self.runs) + f"\n\nThe seed runs are run folders: `currytrain compare {ctx.run_dir}/{self.name}`."
+        return result

@@ -1,0 +1,45 @@
+"""currytrain estimate: FLOPs from the model, time assumed from the cost option (or measured here), money."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from currytrain.benchmark import model_flops_per_token
+from currytrain.cli import main as currytrain_main
+from currytrain.cost.estimate import estimate_cost, run_tokens
+from currytrain.model import build_model
+from currytrain.validate import validate
+
+
+def test_the_assumed_estimate_is_flops_over_mfu_of_peak_and_money_per_device_hour(compose_cfg):
+    cfg = compose_cfg("cost=h100", "cost.num_devices=8", "cost.measure=false")
+    estimate = estimate_cost(cfg, tokens=2e9)
+    per_token = model_flops_per_token(build_model(cfg.model), cfg.model.n_layers, cfg.model.dim, cfg.data.seq_len)
+    assert estimate.flops_per_token == per_token and estimate.flops == pytest.approx(2e9 * per_token)
+    assert estimate.seconds == pytest.approx(estimate.flops / (989e12 * 0.4 * 8))
+    assert estimate.device_hours == pytest.approx(estimate.seconds * 8 / 3600) and estimate.money == pytest.approx(estimate.device_hours * 3.0)
+    assert estimate.method.startswith("assumed: 40% MFU")
+    assert estimate_cost(cfg).tokens == run_tokens(cfg) == cfg.trainer.max_steps * cfg.trainer.batch_size * cfg.data.seq_len
+
+
+def test_a_present_device_is_measured(compose_cfg, one_thread):
+    cfg = compose_cfg("cost=cpu", "data.max_bytes=300000")
+    estimate = estimate_cost(cfg, tokens=1e6, measure_steps=2)
+    assert estimate.method == "measured here on cpu" and estimate.tokens_per_s > 0
+    assert estimate.seconds == pytest.approx(1e6 / estimate.tokens_per_s) and estimate.money == 0.0
+
+
+def test_cli_estimate_prints_json_and_refuses_an_unknown_accelerator(capsys):
+    assert currytrain_main(["estimate", "--gpu", "a100", "--tokens", "1e9", "--json", "cost.measure=false"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["accelerator"] == "A100 SXM" and printed["tokens"] == 1e9 and printed["money"] > 0
+    assert currytrain_main(["estimate", "--gpu", "tpu"]) == 2
+    assert "Available options in 'cost'" in capsys.readouterr().err
+
+
+def test_cost_settings_are_validated_with_their_key(compose_cfg):
+    problems = validate(compose_cfg("cost.mfu=1.5", "cost.device=tpu"))
+    assert any(p.startswith("cost.mfu=1.5 must be in (0, 1]") for p in problems), problems
+    assert any(p.startswith("cost.device=tpu is not one of ['cpu', 'cuda']") for p in problems), problems
