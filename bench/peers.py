@@ -2,12 +2,15 @@
 
     python bench/peers.py                       # tiny and small, fp32 and bf16, 3 repetitions
     python bench/peers.py --sizes tiny --precisions fp32 --steps 10
+    python bench/peers.py --compile             # adds curryTrain with trainer.compile=true and plain compiled
 
 Contenders, each stepping the same Llama-shaped model (GQA, RoPE, RMSNorm, SwiGLU) on the same random
 tokens with AdamW and gradient clipping:
   curryTrain   Trainer.train_step(): the real loop with metrics, journal, loggers and progress bookkeeping
   plain        a plain-PyTorch Llama written here, stepped by a hand-written loop (no framework)
   transformers LlamaForCausalLM with the equivalent LlamaConfig, stepped by the same hand-written loop
+  with --compile, also: curryTrain+compile (trainer.compile=true) and plain+compile (each block compiled,
+  as trainer.compile does); their compilation falls in the warm-up rounds, and "x plain" stays eager plain
 Each round steps every contender once, in turn (so load from other processes hits all alike); the
 first rounds are warm-up. Printed: median tokens/s, the ratio to plain, and MFU against a matmul
 roofline measured in the same run for the dtype (model FLOPs as in `currytrain bench`).
@@ -16,6 +19,7 @@ roofline measured in the same run for the dtype (model FLOPs as in `currytrain b
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import tempfile
@@ -23,6 +27,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing it
@@ -101,33 +106,48 @@ def hand_step(model: nn.Module, optimizer, batch, dtype, logits_of) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def measure(size: str, precision: str, steps: int, warmup: int, workdir: Path) -> dict[str, float]:
-    overrides = [f"model/size={size}", f"trainer.batch_size={BATCH[size]}", f"trainer.precision={precision}", "trainer.progress=false", "data=synthetic"]
-    cfg = compose_config(
-        [*overrides, f"data.vocab_size={8192 if size == 'small' else 1024}", f"trainer.max_steps={steps + warmup + 1}", "trainer.eval_every=100000"]
-    )
-    run_dir = workdir / f"{size}-{precision}"
+def build_trainer(size: str, precision: str, steps: int, run_dir: Path, *extra: str) -> tuple[Trainer, DictConfig]:
+    overrides = [
+        f"model/size={size}",
+        f"trainer.batch_size={BATCH[size]}",
+        f"trainer.precision={precision}",
+        "trainer.progress=false",
+        "data=synthetic",
+        *extra,
+    ]
+    cfg = compose_config([*overrides, f"data.vocab_size={8192 if size == 'small' else 1024}", f"trainer.max_steps={steps + 1}", "trainer.eval_every=100000"])
     write_run_record(cfg, run_dir, overrides, Path.cwd())
-    trainer = Trainer(cfg, run_dir)
+    return Trainer(cfg, run_dir), cfg
+
+
+def measure(size: str, precision: str, steps: int, warmup: int, workdir: Path, compile: bool = False) -> dict[str, float]:
+    trainer, cfg = build_trainer(size, precision, steps + warmup, workdir / f"{size}-{precision}")
     m, dtype = cfg.model, trainer.autocast_dtype
     torch.manual_seed(0)
     plain = PlainLlama(m.vocab_size, m.dim, m.n_layers, m.n_heads, m.n_kv_heads, m.mlp_hidden, m.max_seq_len)
     hf = hf_llama(m)
     optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True) for name, model in (("plain", plain), ("transformers", hf))}
     batches = [trainer.data.batch("train", step, 0, BATCH[size]) for step in range(steps + warmup)]
-    times = alternating_step_times(
-        {
-            "curryTrain": lambda step: trainer.train_step(),
-            "plain": lambda step: hand_step(plain, optimizers["plain"], batches[step], dtype, lambda model, x: model(x)),
-            "transformers": lambda step: hand_step(hf, optimizers["transformers"], batches[step], dtype, lambda model, x: model(input_ids=x).logits),
-        },
-        rounds=steps,
-        warmup=warmup,
-    )
+    contenders = {
+        "curryTrain": lambda step: trainer.train_step(),
+        "plain": lambda step: hand_step(plain, optimizers["plain"], batches[step], dtype, lambda model, x: model(x)),
+        "transformers": lambda step: hand_step(hf, optimizers["transformers"], batches[step], dtype, lambda model, x: model(input_ids=x).logits),
+    }
+    if compile:
+        compiled, _ = build_trainer(size, precision, steps + warmup, workdir / f"{size}-{precision}-compile", "trainer.compile=true")
+        plain_compiled = copy.deepcopy(plain)
+        for block in plain_compiled.layers:
+            block.compile()
+        optimizers["plain+compile"] = torch.optim.AdamW(plain_compiled.parameters(), lr=1e-3, fused=True)
+        contenders["curryTrain+compile"] = lambda step: compiled.train_step()
+        contenders["plain+compile"] = lambda step: hand_step(plain_compiled, optimizers["plain+compile"], batches[step], dtype, lambda model, x: model(x))
+    times = alternating_step_times(contenders, rounds=steps, warmup=warmup)
     tokens = BATCH[size] * cfg.data.seq_len
     roofline = matmul_roofline(1024, dtype or torch.float32, torch.device("cpu"))
     flops = model_flops_per_token(trainer.model, m.n_layers, m.dim, cfg.data.seq_len) * tokens
     trainer.loggers.close()
+    if compile:
+        compiled.loggers.close()
     return {name: (tokens / statistics.median(values), flops / statistics.median(values) / roofline) for name, values in times.items()}
 
 
@@ -138,12 +158,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compile", action="store_true", help="add the compiled contenders (minutes of compilation on 2 cores)")
     args = parser.parse_args()
     print(f"{'size':<6}{'dtype':<6}{'contender':<14}{'tok/s (median of repeats)':>27}{'x plain':>9}{'MFU':>8}   (threads={torch.get_num_threads()})")
     with tempfile.TemporaryDirectory() as workdir:
         for size in args.sizes:
             for precision in args.precisions:
-                runs = [measure(size, precision, args.steps, args.warmup, Path(workdir) / str(r)) for r in range(args.repeats)]
+                runs = [measure(size, precision, args.steps, args.warmup, Path(workdir) / str(r), args.compile) for r in range(args.repeats)]
                 rate = {name: statistics.median(run[name][0] for run in runs) for name in runs[0]}
                 mfu = {name: statistics.median(run[name][1] for run in runs) for name in runs[0]}
                 for name in rate:

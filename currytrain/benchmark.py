@@ -106,7 +106,7 @@ def _split_step(parts: Components, microbatches: list) -> dict[str, float]:
         inputs, targets = inputs.to(device), targets.to(device)
         tic = time.perf_counter()
         with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
-            loss = causal_lm_loss(parts.model(inputs), targets) / len(microbatches)
+            loss = parts.loss_fn(parts.model(inputs), targets) / len(microbatches)
         _synchronize(device)
         split["forward"] += time.perf_counter() - tic
         tic = time.perf_counter()
@@ -124,22 +124,28 @@ def _split_step(parts: Components, microbatches: list) -> dict[str, float]:
 
 def step_benchmark(cfg: DictConfig, steps: int = 20, warmup: int = 3) -> dict[str, Any]:
     """Time `steps` optimizer steps of the run `cfg` describes (run_accumulated_step, after `warmup` untimed
-    ones), then a few instrumented steps for the forward/backward/optimizer split. Seeded by cfg.seed."""
+    ones, which pay trainer.compile's compilation: warmup_seconds), then a few instrumented steps for the forward/backward/optimizer split. Seeded by cfg.seed."""
     import statistics
 
     parts = build_step_setup(cfg)
     trainer, device = cfg.trainer, parts.state.device
     batches = [[parts.data.batch("train", step, m, trainer.batch_size) for m in range(trainer.grad_accum)] for step in range(warmup + steps)]
     times = []
-    for index, microbatches in enumerate(batches):
+    for microbatches in batches:
         _synchronize(device)
         tic = time.perf_counter()
         run_accumulated_step(
-            parts.model, parts.optimizer, microbatches, grad_clip=trainer.grad_clip, autocast_dtype=parts.autocast_dtype, loss_context=parts.state.loss_context
+            parts.model,
+            parts.optimizer,
+            microbatches,
+            loss_fn=parts.loss_fn,
+            grad_clip=trainer.grad_clip,
+            autocast_dtype=parts.autocast_dtype,
+            loss_context=parts.state.loss_context,
         )
         _synchronize(device)
-        if index >= warmup:
-            times.append(time.perf_counter() - tic)
+        times.append(time.perf_counter() - tic)
+    warmup_seconds, times = sum(times[:warmup]), times[warmup:]
     splits = [_split_step(parts, batches[index % len(batches)]) for index in range(3)]
     tokens = trainer.batch_size * trainer.grad_accum * cfg.data.seq_len
     median = statistics.median(times)
@@ -153,6 +159,8 @@ def step_benchmark(cfg: DictConfig, steps: int = 20, warmup: int = 3) -> dict[st
         "threads": torch.get_num_threads(),
         "steps": steps,
         "tokens_per_step": tokens,
+        "compile": bool(trainer.compile),
+        "warmup_seconds": warmup_seconds,
         "step_seconds": {"median": median, "min": min(times), "max": max(times)},
         "tokens_per_s": tokens / median,
         "model_flops_per_token": flops_per_token,

@@ -171,6 +171,8 @@ def _bench(args: argparse.Namespace) -> None:
     print(
         f"{result['config']['model']} dim {result['config']['dim']} x {result['config']['n_layers']} layers, seq {result['config']['seq_len']}, {result['dtype']} on {result['device']} ({result['threads']} threads)"
     )
+    if result["compile"]:
+        print(f"compiled: the {args.warmup} warm-up steps took {result['warmup_seconds']:.1f} s (compilation included)")
     print(f"step: median {step['median'] * 1e3:.1f} ms (min {step['min'] * 1e3:.1f}, max {step['max'] * 1e3:.1f}) over {result['steps']} steps")
     print(f"tokens/s: {result['tokens_per_s']:,.0f}   model FLOPs/token: {result['model_flops_per_token']:,.0f}")
     print(f"MFU: {result['mfu']:.1%} of a {result['roofline_flops_per_s'] / 1e9:,.0f} GFLOP/s matmul roofline measured now")

@@ -9,7 +9,7 @@ build components many times inside it (ladder stages, seeds).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,9 @@ from omegaconf import DictConfig
 from currytrain.build import allow_modules, build
 from currytrain.model import build_model
 from currytrain.optim.builders import build_scheduler
+from currytrain.parallel.compile import compile_loss
 from currytrain.parallel.state import ParallelState
+from currytrain.trainer.step import causal_lm_loss
 
 PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -38,6 +40,8 @@ class Components:
     module: torch.nn.Module
     """`model` as built, with its own parameter names (checkpoints, weight loading); `model` itself unless
     a runtime wrapped it (parallel.runtime=fabric)."""
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = causal_lm_loss
+    """The training loss of (logits, targets); compiled under trainer.compile."""
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -54,11 +58,12 @@ def build_components(cfg: DictConfig, state: ParallelState, data: Any = None) ->
     torch.manual_seed(cfg.seed)
     data = build(cfg.data) if data is None else data
     parallel = build(cfg.parallel)
-    model = parallel.apply(build_model(cfg.model), state, cfg.model, cfg.trainer.precision)
+    model = parallel.apply(build_model(cfg.model), state, cfg.model, cfg.trainer.precision, compile=cfg.trainer.compile)
     # The optimizer sees the parallelized model (FSDP's sharded parameters); ZeRO-1 then wraps it.
     optimizer = parallel.wrap_optimizer(build(cfg.optimizer, exclude=["schedule"], model=model), state)
     scheduler = build_scheduler(optimizer, cfg.optimizer.schedule, cfg.trainer.max_steps)
-    return Components(cfg, state, data, model, optimizer, scheduler, parallel.unwrap(model, state))
+    loss_fn = compile_loss(causal_lm_loss) if cfg.trainer.compile else causal_lm_loss
+    return Components(cfg, state, data, model, optimizer, scheduler, parallel.unwrap(model, state), loss_fn)
 
 
 @contextlib.contextmanager

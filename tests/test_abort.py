@@ -69,8 +69,9 @@ def test_a_nan_batch_is_rolled_back_and_the_run_ends_where_a_clean_one_does(comp
     trainer, train = _run(compose_cfg, tmp_path / "poisoned", *LONGER, *POISON, "abort=strict", "trainer.checkpoint_every=5")
     poisoned = train()
     (rollback,) = [e for e in read_journal(tmp_path / "poisoned" / "journal.jsonl") if e["type"] == "rollback"]
-    assert (rollback["from_step"], rollback["step"], rollback["data_offset"]) == (14, 10, 4)
-    assert rollback["reason"].startswith("abort.non_finite_loss") and rollback["lr_scale"] == 0.5
+    # The NaN of step 14 is read back with step 15's (log_every=5): the run rolls back from 15, past both batches.
+    assert (rollback["from_step"], rollback["step"], rollback["data_offset"]) == (15, 10, 5)
+    assert rollback["reason"].startswith("abort.non_finite_loss: the train loss is nan at step 14") and rollback["lr_scale"] == 0.5
     assert trainer.step == 30 and math.isfinite(poisoned)
     seed_noise = abs(clean[0] - clean[1])
     assert abs(poisoned - clean[0]) <= max(seed_noise, 0.05), (poisoned, clean, seed_noise)

@@ -16,6 +16,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
 from currytrain.model.config import AC_MODES, AC_POLICIES
+from currytrain.parallel.compile import apply_compile
 from currytrain.parallel.state import ParallelState
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,12 @@ MATMUL_OPS = [
 
 
 def parallelize_decoder(
-    model: nn.Module, state: ParallelState, model_cfg: DictConfig, zero_stage: int = 0, param_dtype: torch.dtype | None = None
+    model: nn.Module,
+    state: ParallelState,
+    model_cfg: DictConfig,
+    zero_stage: int = 0,
+    param_dtype: torch.dtype | None = None,
+    compile: bool = False,
 ) -> nn.Module:
     """Apply parallelism to a decoder whose blocks are `model.layers`, in place; returns the model.
 
@@ -47,6 +53,7 @@ def parallelize_decoder(
     zero_stage: 2 or 3 shard the parameters with FSDP2 over the data-parallel axes (0 and 1 leave them whole).
     param_dtype: FSDP2 gathers the parameters in this dtype for compute (bf16 runs) and reduces gradients in
     fp32; None gathers them as stored (fp32).
+    compile (trainer.compile): torch.compile each block.
     """
     # 1. Tensor parallelism: shards each block's projections over the mesh's tp axis; first, so that every later
     #    wrapper (checkpointing, FSDP) sees DTensor parameters already laid out on it.
@@ -63,7 +70,10 @@ def parallelize_decoder(
     # 4. Activation checkpointing: after TP so that recomputation replays the sharded ops; before compile
     #    and FSDP so that both see the checkpoint wrappers as the blocks.
     apply_ac(model, model_cfg.ac, model_cfg.ac_policy, model_cfg.ac_every)
-    # 5. torch.compile per block (lands with trainer.compile).
+    # 5. torch.compile per block: after AC so that the compiled graph holds the checkpointed block (its
+    #    recomputation included); before FSDP so that FSDP's gathers and hooks stay outside the graph.
+    if compile:
+        apply_compile(model)
     # 6. FSDP: fully_shard per block, then the root.
     if zero_stage >= 2 and state.mesh is not None:
         apply_fsdp(model, state, reshard_after_forward=zero_stage == 3, param_dtype=param_dtype)

@@ -103,12 +103,13 @@ class Parallel:
             dist.init_process_group(backend)  # env:// from torchrun, launch.py's workers or SLURM
         self._owns_group = True
 
-    def apply(self, model: nn.Module, state: ParallelState, model_cfg: DictConfig, precision: str = "fp32") -> nn.Module:
+    def apply(self, model: nn.Module, state: ParallelState, model_cfg: DictConfig, precision: str = "fp32", compile: bool = False) -> nn.Module:
         """Move the model to this process's device, then parallelize it (TP, AC, compile, FSDP in that order);
         DDP (zero_stage 0/1) last, in place, so the model keeps its class and its state-dict keys.
-        precision (trainer.precision): FSDP gathers bf16 parameters for bf16 runs (MixedPrecisionPolicy)."""
+        precision (trainer.precision): FSDP gathers bf16 parameters for bf16 runs (MixedPrecisionPolicy).
+        compile (trainer.compile): torch.compile each block."""
         param_dtype = torch.bfloat16 if precision == "bf16" and state.fabric is None else None
-        model = parallelize_decoder(model.to(state.device), state, model_cfg, zero_stage=self.zero_stage, param_dtype=param_dtype)
+        model = parallelize_decoder(model.to(state.device), state, model_cfg, zero_stage=self.zero_stage, param_dtype=param_dtype, compile=compile)
         if state.fabric is not None:
             return state.fabric.setup_module(model)  # DDP and the precision's autocast around forward
         if state.mesh is not None and self.zero_stage < 2 and state.view("loss").size() > 1:  # one dp rank (tp only): nothing to all-reduce

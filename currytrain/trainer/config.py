@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 from currytrain.rules import at_least, one_of
+
+
+def compiler_missing() -> bool:
+    """True when inductor would find no C++ compiler ($CXX, else g++; clang++ on macOS). Torch-free."""
+    return shutil.which(os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++")) is None
+
 
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -45,6 +54,10 @@ class TrainerConfig:
     """fp32, bf16 (autocast; the weights and optimizer stay fp32) or fp16 (autocast + loss scaling; CUDA only)."""
     progress: bool = True
     """Show the rich progress bar (step, loss, tokens/s, ETA)."""
+    compile: bool = False
+    """torch.compile each block of the model and the loss (inductor; on CPU it needs a C++ compiler). The
+    first step pays the compilation (the journal's `compile` event says how long); the compiled code is
+    cached in <run folder>/../.compile_cache, so a later run of the same shapes starts fast."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
@@ -54,6 +67,11 @@ class TrainerConfig:
         if not node.checkpoint_every >= 0:
             problems.append(f"{path}.checkpoint_every={node.checkpoint_every} must be >= 0 (0 saves only at the end): pass {path}.checkpoint_every=0")
         problems += one_of(node, path, "device", DEVICES) + one_of(node, path, "precision", PRECISIONS)
+        if node.compile and node.device != "cuda" and compiler_missing():
+            problems.append(
+                f"{path}.compile=true needs a C++ compiler for torch.compile's CPU kernels, and neither $CXX nor g++ is on PATH: "
+                f"install one (e.g. apt-get install g++) or set CXX, or pass {path}.compile=false"
+            )
         if node.device == "cuda" or node.precision == "fp16":  # torch loads only when CUDA matters
             import torch
 

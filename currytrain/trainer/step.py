@@ -18,16 +18,30 @@ from currytrain.parallel.memory import grad_bytes
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-def full(value: torch.Tensor) -> torch.Tensor:
-    """A plain tensor of `value`: a DTensor (a loss computed under loss_parallel is one) is gathered whole."""
-    return value.full_tensor() if isinstance(value, DTensor) else value
-
-
 def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy in nats; logits are upcast so bf16 autocast keeps an fp32 loss.
     Any leading shape works: a decoder's (batch, seq, vocab) against (batch, seq), a classifier's
     (batch, classes) against (batch,)."""
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def full(value: torch.Tensor) -> torch.Tensor:
+    """A plain tensor of `value`: a DTensor (a loss computed under loss_parallel is one) is gathered whole."""
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+@dataclass
+class StepResult:
+    loss: float
+    """Mean loss over the microbatches (nats/token)."""
+    grad_norm: float
+    """Global L2 norm of the gradients before clipping."""
+    skipped: bool
+    """True when the gradients were not finite and the optimizer step was skipped."""
+    num_tokens: int
+    """Target tokens processed in the step."""
+    grad_bytes: int | None = None
+    """Bytes of the gradients this rank held before the optimizer step (when measure_grads)."""
 
 
 def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float) -> torch.Tensor:
@@ -51,20 +65,46 @@ def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float) -> torch.Ten
 
 
 @dataclass
-class StepResult:
-    loss: float
-    """Mean loss over the microbatches (nats/token)."""
-    grad_norm: float
-    """Global L2 norm of the gradients before clipping."""
-    skipped: bool
-    """True when the gradients were not finite and the optimizer step was skipped."""
+class DeviceStep:
+    """A step's results still on the device: reading them waits for the device, so the trainer fetches them
+    only at log steps (fetch_steps)."""
+
+    loss: torch.Tensor
+    grad_norm: torch.Tensor
+    skipped: torch.Tensor
+    """1.0 where the optimizer step was skipped (non-finite gradients), else 0.0."""
     num_tokens: int
-    """Target tokens processed in the step."""
     grad_bytes: int | None = None
-    """Bytes of the gradients this rank held before the optimizer step (when measure_grads)."""
+
+    def fetch(self) -> StepResult:
+        return fetch_steps([self])[0]
 
 
-def run_accumulated_step(
+def fetch_steps(steps: Sequence[DeviceStep]) -> list[StepResult]:
+    """The results of several steps with one device-to-host copy."""
+    if not steps:
+        return []
+    values = torch.stack([torch.stack([s.loss, s.grad_norm.to(s.loss.dtype), s.skipped.to(s.loss.dtype)]) for s in steps]).tolist()
+    return [
+        StepResult(loss=loss, grad_norm=norm, skipped=bool(skipped), num_tokens=step.num_tokens, grad_bytes=step.grad_bytes)
+        for (loss, norm, skipped), step in zip(values, steps)
+    ]
+
+
+def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer` can skip a step on the device: torch's fused Adam/AdamW/SGD read a `found_inf`
+    tensor and leave the parameters, moments and step count untouched where it is nonzero. Each group is
+    asked, not the defaults: a loaded optimizer state brings the saving run's kernel choice with it."""
+    fused = all(group.get("fused") for group in optimizer.param_groups)
+    return type(optimizer) in (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD) and fused
+
+
+def run_accumulated_step(model: nn.Module, optimizer: torch.optim.Optimizer, microbatches: Sequence[Batch], **options) -> StepResult:
+    """One optimizer step (see accumulated_step) with its results read back: waits for the device."""
+    return accumulated_step(model, optimizer, microbatches, **options).fetch()
+
+
+def accumulated_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     microbatches: Sequence[Batch],
@@ -76,8 +116,9 @@ def run_accumulated_step(
     scaler: torch.amp.GradScaler | None = None,
     backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
     loss_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-) -> StepResult:
-    """Forward+backward each microbatch with its loss scaled by 1/N, then clip and take one optimizer step.
+) -> DeviceStep:
+    """Forward+backward each microbatch with its loss scaled by 1/N, then clip and take one optimizer step,
+    unless the gradients are not finite.
 
     A model with auxiliary_loss() (MoE balancing) has it added to each microbatch's loss. `backward` runs each
     microbatch's backward (Fabric's under parallel.runtime=fabric). `loss_context` makes the context each microbatch's
@@ -85,6 +126,9 @@ def run_accumulated_step(
 
     Scaling each microbatch loss by 1/N makes the accumulated gradient equal to the gradient of
     the mean loss over the concatenated batch (for equal-sized microbatches).
+
+    With an optimizer that skips on the device (skips_on_device: fused AdamW, the default) nothing here waits
+    for the device; otherwise the finiteness check reads the gradient norm back once.
     """
     num_micro = len(microbatches)
     assert num_micro >= 1, "need at least one microbatch"
@@ -108,15 +152,21 @@ def run_accumulated_step(
         scaler.unscale_(optimizer)
     # An infinite bound measures the norm without changing the gradients.
     grad_norm = clip_grad_norm(list(model.parameters()), grad_clip if grad_clip > 0 else float("inf"))
-    # One device-to-host copy per step: the finiteness check needs it anyway, so the loss rides along.
-    loss_value, norm_value = torch.stack([total_loss, grad_norm.to(total_loss.dtype)]).tolist()
-    skipped = not math.isfinite(norm_value)
-    if not skipped and scaler is not None:
+    found_inf = (~torch.isfinite(grad_norm)).float()
+    if scaler is None and skips_on_device(optimizer):
+        optimizer.found_inf = found_inf
+        try:
+            optimizer.step()
+        finally:
+            del optimizer.found_inf
+    elif not math.isfinite(grad_norm.item()):  # the one read-back of this path: whether to step at all
+        pass
+    elif scaler is not None:
         scaler.step(optimizer)
-    elif not skipped:
+    else:
         optimizer.step()
     if scaler is not None:
         scaler.update()  # a skipped (overflowing) step lowers the scale
     held = grad_bytes(model) if measure_grads else None  # gradients are freed just below
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(loss=loss_value, grad_norm=norm_value, skipped=skipped, num_tokens=num_tokens, grad_bytes=held)
+    return DeviceStep(loss=total_loss, grad_norm=grad_norm.detach(), skipped=found_inf, num_tokens=num_tokens, grad_bytes=held)

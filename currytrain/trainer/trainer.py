@@ -21,13 +21,14 @@ from currytrain.errors import Aborted, ConfigError, Interrupted, Pruned, RunFail
 from currytrain.journal import Journal
 from currytrain.logger.base import MultiLogger
 from currytrain.model.hooks import HasTrainingMetrics
+from currytrain.parallel.compile import compile_report, use_compile_cache
 from currytrain.parallel.memory import optimizer_state_bytes, param_bytes
 from currytrain.parallel.state import ParallelState, resolve_device
 from currytrain.trainer.heartbeat import Heartbeat
 from currytrain.trainer.hooks import Action, Decision, StepHook, decide
 from currytrain.trainer.progress import Progress
 from currytrain.trainer.signals import StopSignals
-from currytrain.trainer.step import causal_lm_loss, full, run_accumulated_step
+from currytrain.trainer.step import DeviceStep, accumulated_step, causal_lm_loss, fetch_steps, full
 from currytrain.weights import checkpoint_candidates, checkpoint_problem
 
 log = logging.getLogger(__name__)
@@ -57,10 +58,12 @@ class Trainer:
         self.model_cfg = cfg.model
         self.run_dir = Path(run_dir)
         self.state = state or ParallelState(device=resolve_device(self.cfg.device))  # default: one process, no group
+        if self.cfg.compile:
+            use_compile_cache(self.run_dir.parent / ".compile_cache")
         parts = components or build_components(cfg, self.state)
         self.data, self.model, self.optimizer, self.scheduler = parts.data, parts.model, parts.optimizer, parts.scheduler
         self.module = parts.module  # the model with its own parameter names, for checkpoints and weight loading
-        self.autocast_dtype = parts.autocast_dtype
+        self.autocast_dtype, self.loss_fn = parts.autocast_dtype, parts.loss_fn
         # fp16 needs loss scaling (validation allows it on CUDA only); bf16 has fp32's range and needs none.
         self.scaler = torch.amp.GradScaler(self.state.device.type) if self.cfg.precision == "fp16" else None
         self.train_state = TrainState(self.module, self.optimizer, self.scheduler, rank=self.state.rank)
@@ -77,6 +80,9 @@ class Trainer:
         self.stop_signals = StopSignals()
         # trainer.batch_size is the global batch: the dp ranks split it, so this does not depend on their number.
         self.tokens_per_step = self.cfg.batch_size * self.cfg.grad_accum * self.data.seq_len
+        self.pending: list[tuple[int, DeviceStep, float]] = []  # steps whose results are still on the device
+        self.metrics: dict[str, float] = {}  # the latest fetched step's
+        self.fetched_at = time.perf_counter()
 
     @property
     def step(self) -> int:
@@ -103,7 +109,7 @@ class Trainer:
         num_params = sum(p.numel() for p in self.model.parameters())
         self.journal.event("start", step=self.step, num_params=num_params, device=str(self.state.device), data=self.data.describe())
         log.info("model: %.2fM parameters on %s; %d tokens per step", num_params / 1e6, self.state.device, self.tokens_per_step)
-        started = time.perf_counter()
+        started = self.fetched_at = time.perf_counter()
         progress = Progress(self.cfg.max_steps, self.step, enabled=self.cfg.progress and self.state.is_main)
         with progress, self.stop_signals.installed(enabled=self.state.world_size == 1):
             while self.step < self.cfg.max_steps:
@@ -123,19 +129,21 @@ class Trainer:
         return val_loss
 
     def train_step(self) -> dict[str, float]:
+        """One optimizer step. Its loss and gradient norm stay on the device until a fetch step (a log, eval or
+        checkpoint step, the first and the last), where the pending steps are read back together, so the
+        device never waits for the host in between. Returns the latest fetched step's metrics."""
         self.train_state.step += 1
         step, cfg = self.step, self.cfg
-        tic = time.perf_counter()
         # 1. forward/backward over the microbatches, 2. clip, 3. finiteness check, 4. optimizer step
         data_step = step + self.train_state.data_offset  # past the batches of rolled-back steps
         self.heartbeat.beat(step, "data")
         microbatches = [self.batch("train", data_step, micro) for micro in range(cfg.grad_accum)]
         self.heartbeat.beat(step, "compute")
-        result = run_accumulated_step(
+        pending = accumulated_step(
             self.model,
             self.optimizer,
             microbatches,
-            loss_fn=causal_lm_loss,
+            loss_fn=self.loss_fn,
             grad_clip=cfg.grad_clip,
             autocast_dtype=self.autocast_dtype,
             measure_grads=not self.memory_logged,
@@ -144,39 +152,71 @@ class Trainer:
             loss_context=self.state.loss_context,
         )
         if not self.memory_logged:
-            self.log_memory(result.grad_bytes)
-        # Each rank's loss is over its slice; the mean over the dp ranks is the global batch's loss.
-        loss = self.state.mean_over("loss", torch.tensor(result.loss, device=self.state.device)).item()
-        if result.skipped:
-            self.journal.event("skip_step", step=step, loss=loss, grad_norm=result.grad_norm)
+            self.log_memory(pending.grad_bytes)
         # 5. scheduler step
-        lr = self.optimizer.param_groups[0]["lr"]
+        self.pending.append((step, pending, self.optimizer.param_groups[0]["lr"]))
         self.scheduler.step()
-        seconds = time.perf_counter() - tic
-        metrics = {
-            "train/loss": loss,
-            "train/grad_norm": result.grad_norm,
-            "train/lr": lr,
-            "train/tokens_per_s": self.tokens_per_step / seconds,
-            "train/step_seconds": seconds,
-            "train/skipped": float(result.skipped),
-            "train/tokens": float(self.tokens_per_step),
-        }
-        # 6. log
+        if self.metrics and not self.is_fetch_step(step):  # the first step of a run (or a resume) fetches
+            self.heartbeat.beat(step, "done")
+            return self.metrics
+        # 6. fetch the pending steps; journal skips; log this step
+        fetched = self.fetch_pending()
+        metrics = self.metrics = fetched[-1]
         if step % cfg.log_every == 0 or step == cfg.max_steps:
             if isinstance(self.module, HasTrainingMetrics):
                 metrics.update(self.module.training_metrics())
             self.loggers.log_metrics(metrics, step)
             # The journal keeps the curves too, so a run folder is comparable whatever loggers ran.
             self.journal.event("metrics", step=step, **metrics)
+        # 7. hooks on the earlier pending steps, in order: a fault found there acts before this step saves
+        for earlier, earlier_metrics in zip(range(step - len(fetched) + 1, step), fetched[:-1]):
+            decision = decide(self.hooks, earlier, earlier_metrics)
+            if decision.action is not Action.CONTINUE:
+                self.act_on(decision)
+                self.heartbeat.beat(self.step, "done")
+                return metrics
         if step % cfg.eval_every == 0 and step != cfg.max_steps:
             metrics["val/loss"] = self.evaluate()
-        # 7. checkpoint
+        # 8. checkpoint
         if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.max_steps:
             self.save_checkpoint()
-        # 8. hooks: abort conditions, sweep pruning, ladder probes
+        # 9. hooks: abort conditions, sweep pruning, ladder probes
         self.act_on(decide(self.hooks, step, metrics))
         self.heartbeat.beat(step, "done")
+        return metrics
+
+    def is_fetch_step(self, step: int) -> bool:
+        cfg = self.cfg
+        every = [cfg.log_every, cfg.eval_every] + ([cfg.checkpoint_every] if cfg.checkpoint_every else [])
+        return step == cfg.max_steps or any(step % n == 0 for n in every)
+
+    def fetch_pending(self) -> list[dict[str, float]]:
+        """Metrics of each step since the last fetch: one device-to-host copy, and one all-reduce of the losses
+        (each rank's loss is over its slice; the mean over the dp ranks is the global batch's loss). The
+        seconds since the last fetch are shared equally among its steps (the device runs ahead of the host)."""
+        steps, pending, lrs = zip(*self.pending)
+        self.pending.clear()
+        results = fetch_steps(pending)
+        losses = self.state.mean_over("loss", torch.tensor([result.loss for result in results], device=self.state.device)).tolist()
+        now = time.perf_counter()
+        seconds, self.fetched_at = (now - self.fetched_at) / len(steps), now
+        if not self.metrics and self.cfg.compile:  # the first step compiled the blocks and the loss
+            self.journal.event("compile", step=steps[0], **compile_report(seconds))
+        metrics = []
+        for step, result, loss, lr in zip(steps, results, losses, lrs):
+            if result.skipped:
+                self.journal.event("skip_step", step=step, loss=loss, grad_norm=result.grad_norm)
+            metrics.append(
+                {
+                    "train/loss": loss,
+                    "train/grad_norm": result.grad_norm,
+                    "train/lr": lr,
+                    "train/tokens_per_s": self.tokens_per_step / seconds,
+                    "train/step_seconds": seconds,
+                    "train/skipped": float(result.skipped),
+                    "train/tokens": float(self.tokens_per_step),
+                }
+            )
         return metrics
 
     def log_memory(self, grads: int | None) -> None:

@@ -1,0 +1,122 @@
+"""The fast paths: a step that never waits for the device between log steps, and trainer.compile (per-block
+torch.compile, the compiled loss, the persistent compile cache)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import launch
+from currytrain.journal import read_journal
+from currytrain.trainer.hooks import CONTINUE, Decision
+from currytrain.trainer.step import accumulated_step
+from currytrain.trainer.trainer import Trainer
+
+FAST_DATA = "data.max_bytes=300000"
+READ_BACKS = ("item", "tolist", "__bool__", "__float__", "__int__")
+
+
+@pytest.fixture
+def no_read_back(monkeypatch):
+    """Every way Python code reads a tensor's value back to the host raises (on CUDA each would wait for it)."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the step read a value back from the device")
+
+    for name in READ_BACKS:
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Embedding(64, 16), torch.nn.Linear(16, 64))
+
+
+def test_a_non_finite_step_is_skipped_on_the_device_without_a_read_back(no_read_back):
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    before = [p.detach().clone() for p in model.parameters()]
+    batch = (torch.randint(64, (4, 16)), torch.randint(64, (4, 16)))
+    bad = accumulated_step(model, optimizer, [batch], grad_clip=1.0, loss_fn=lambda logits, targets: logits.sum() * float("nan"))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(torch.equal(optimizer.state[p]["step"], torch.zeros(())) for p in model.parameters())  # Adam's bias correction unmoved
+    good = accumulated_step(model, optimizer, [batch], grad_clip=1.0)
+    assert all(torch.equal(optimizer.state[p]["step"], torch.ones(())) for p in model.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert not hasattr(optimizer, "found_inf")  # no leftover for a later, unguarded step
+    assert bad.skipped.numpy() == 1.0 and good.skipped.numpy() == 0.0  # numpy reads it: the patched methods are torch's
+
+
+class Recorder:
+    def __init__(self):
+        self.seen: list[tuple[int, float, float]] = []
+
+    def after_step(self, step: int, metrics: Mapping[str, float]) -> Decision:
+        self.seen.append((step, metrics["train/loss"], metrics["train/grad_norm"]))
+        return CONTINUE
+
+
+def test_fetching_only_at_log_steps_shows_every_step_to_the_hooks(compose_cfg, tmp_path):
+    """log_every=3 reads steps 2-3 and 4-6 back together; the hooks still see each step, with the same values
+    as a run that reads every step back."""
+    seen = {}
+    for log_every in (1, 3):
+        recorder = Recorder()
+        cfg = compose_cfg(FAST_DATA, f"trainer.log_every={log_every}", "trainer.eval_every=100", "logger=[jsonl]")
+        Trainer(cfg, tmp_path / str(log_every), hooks=[recorder]).train()
+        seen[log_every] = recorder.seen
+    assert [step for step, *_ in seen[3]] == [1, 2, 3, 4, 5, 6]
+    assert seen[3] == seen[1]
+    logged = [event["step"] for event in read_journal(tmp_path / "3" / "journal.jsonl") if event["type"] == "metrics"]
+    assert logged == [3, 6]
+
+
+def test_compile_needs_a_cxx_compiler(tmp_path):
+    result = launch("trainer.compile=true", f"hydra.run.dir={tmp_path / 'run'}", env={"CXX": str(tmp_path / "no-such-g++")})
+    assert result.returncode == 2, result.stderr
+    assert "trainer.compile=true needs a C++ compiler" in result.stderr + result.stdout
+    assert not (tmp_path / "run").exists()
+
+
+def _losses(run_dir: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [row["train/loss"] for row in rows if "train/loss" in row]
+
+
+@pytest.fixture(scope="module")
+def compiled_runs(tmp_path_factory):
+    """An eager run, then the same run compiled twice in fresh processes sharing the runs' parent folder."""
+    root = tmp_path_factory.mktemp("compile")
+    runs = {}
+    for name, compile in (("eager", "false"), ("cold", "true"), ("warm", "true")):
+        result = launch(
+            FAST_DATA,
+            "model.n_layers=2",
+            "trainer.max_steps=4",
+            "trainer.eval_every=100",
+            f"trainer.compile={compile}",
+            f"hydra.run.dir={root / name}",
+            timeout=600,
+        )
+        assert result.returncode == 0, result.stderr
+        runs[name] = root / name
+    return runs
+
+
+@pytest.mark.slow  # compiling even the TINY model takes ~30 s on 2 quiet cores (minutes under load)
+def test_compiled_training_matches_eager_and_a_second_run_reuses_the_cache(compiled_runs):
+    eager, cold = _losses(compiled_runs["eager"]), _losses(compiled_runs["cold"])
+    assert len(eager) == len(cold) == 4
+    assert all(abs(a - b) < 1e-4 for a, b in zip(eager, cold)), (eager, cold)
+    reports = {name: next(e for e in read_journal(compiled_runs[name] / "journal.jsonl") if e["type"] == "compile") for name in ("cold", "warm")}
+    cache = compiled_runs["cold"].parent / ".compile_cache"
+    assert reports["cold"]["cache_dir"] == str(cache) and any(cache.iterdir())
+    # One graph for both blocks (they share their code and, as inputs, not constants, their parameters), one for the loss.
+    assert reports["cold"]["graphs"] == 2 and reports["cold"]["cache_misses"] > 0
+    # The second run, a fresh process, loads every graph from the cache in the runs' parent folder.
+    assert reports["warm"]["cache_hits"] > 0 and reports["warm"]["cache_misses"] == 0, reports
+    assert _losses(compiled_runs["warm"]) == cold
