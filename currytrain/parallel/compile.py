@@ -11,7 +11,6 @@ from typing import Any
 import torch
 from torch import nn
 
-
 _SET_HERE: set[str] = set()
 """The cache folders use_compile_cache chose in this process."""
 
