@@ -145,7 +145,27 @@ BAD = [
     (["parallel=tp", "parallel.nproc=3"], ["cannot fill the world", "pass parallel.nproc=2"]),
     (["parallel=ddp", "parallel.nproc=4", "parallel.tp=2", "model.n_kv_heads=2"], ["DDP and ZeRO-1 do not take tensor-parallel", "parallel=hybrid"]),
     (["parallel=tp", "parallel.zero_stage=1", "model.n_kv_heads=2"], ["parallel.tp=2 with parallel.zero_stage=1", "parallel=hybrid"]),
-    (["parallel=hybrid", "parallel.pp=2"], ["parallel.pp=2: this model-parallel axis is not supported yet"]),
+    (["parallel=hybrid", "parallel.pp=2", "model.n_kv_heads=2"], ["parallel.pp=2 composes with no other axis for now (parallel.tp=2", "pass parallel=pp"]),
+    (["parallel=pp", "trainer.grad_accum=2"], ["parallel.pp=2 makes 2 stages, more than model.n_layers=1", "pass model.n_layers=2"]),
+    (
+        ["parallel=pp", "parallel.pp_schedule=interleaved_1f1b", "model.n_layers=3", "trainer.grad_accum=2"],
+        ["makes 4 stages (2 per rank", "parallel.pp in [1]"],
+    ),
+    (
+        ["parallel=pp", "model.n_layers=4", "parallel.pp_split=[1,2]", "trainer.grad_accum=2"],
+        ["parallel.pp_split=[1, 2] must give each of the 2 stages at least one layer and sum to model.n_layers=4: pass parallel.pp_split=[2, 2]"],
+    ),
+    (
+        ["parallel=pp", "model.n_layers=2"],
+        ["parallel.pp_schedule=1f1b with trainer.grad_accum=1", "pass trainer.grad_accum=2 (or a multiple), or parallel.pp_schedule=gpipe"],
+    ),
+    (
+        ["parallel=pp", "parallel.pp_schedule=interleaved_1f1b", "model.n_layers=4", "trainer.grad_accum=5"],
+        ["in 2 equal rounds, which 5 are not: pass trainer.grad_accum=4"],
+    ),
+    (["parallel=pp", "parallel.pp_schedule=zbv"], ["parallel.pp_schedule=zbv is not one of ['gpipe', '1f1b'"]),
+    (["parallel=pp", "model=moe", "model.n_layers=2", "trainer.grad_accum=2"], ["has no pipeline split yet: pass parallel.pp=1"]),
+    (["parallel=pp", "model.n_layers=2", "trainer.grad_accum=2", "model.tie_embeddings=true"], ["pass model.tie_embeddings=false"]),
     (["parallel=cp", "data.seq_len=30"], ["parallel.cp=2 cuts data.seq_len=30 into 4 equal chunks", "pass data.seq_len=28"]),
     (["parallel=cp", "model.sliding_window=8"], ["pass model.sliding_window=0"]),
     (["parallel=cp", "model=moe"], ["has no context-parallel plan yet"]),
