@@ -293,6 +293,8 @@ def _check_pipeline_parallel(cfg: DictConfig) -> list[str]:
         problems.append(
             f"parallel.pp={pp} with model.tie_embeddings=true is not supported (the embedding and the readout live on different stages): pass model.tie_embeddings=false"
         )
+    if cfg.trainer.precision == "fp16":
+        problems.append(f"parallel.pp={pp} with trainer.precision=fp16 is not supported (the schedule runs the backward unscaled): pass trainer.precision=bf16")
     return problems
 
 

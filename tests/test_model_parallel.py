@@ -166,6 +166,7 @@ BAD = [
     (["parallel=pp", "parallel.pp_schedule=zbv"], ["parallel.pp_schedule=zbv is not one of ['gpipe', '1f1b'"]),
     (["parallel=pp", "model=moe", "model.n_layers=2", "trainer.grad_accum=2"], ["has no pipeline split yet: pass parallel.pp=1"]),
     (["parallel=pp", "model.n_layers=2", "trainer.grad_accum=2", "model.tie_embeddings=true"], ["pass model.tie_embeddings=false"]),
+    (["parallel=pp", "model.n_layers=2", "trainer.grad_accum=2", "trainer.precision=fp16"], ["parallel.pp=2 with trainer.precision=fp16 is not supported"]),
     (["parallel=cp", "data.seq_len=30"], ["parallel.cp=2 cuts data.seq_len=30 into 4 equal chunks", "pass data.seq_len=28"]),
     (["parallel=cp", "model.sliding_window=8"], ["pass model.sliding_window=0"]),
     (["parallel=cp", "model=moe"], ["has no context-parallel plan yet"]),

@@ -16,7 +16,6 @@ from typing import Any
 AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 DP_AXES = ("dp_replicate", "dp_shard")
 MODEL_AXES = ("cp", "tp", "pp", "ep")
-SUPPORTED_MODEL_AXES = ("tp", "ep", "cp", "pp")
 
 
 def launched_world_size(nproc: int) -> int:
@@ -41,12 +40,8 @@ class ParallelDims:
         """Every problem of the degrees in `node` (a parallel config) for a job of `world_size` processes."""
         problems = []
         for axis in MODEL_AXES:
-            if axis in SUPPORTED_MODEL_AXES and node[axis] < 1:
+            if node[axis] < 1:
                 problems.append(f"{path}.{axis}={node[axis]} must be >= 1: pass {path}.{axis}=1 (off) or a degree that divides the world size")
-            elif axis not in SUPPORTED_MODEL_AXES and node[axis] != 1:
-                problems.append(
-                    f"{path}.{axis}={node[axis]}: this model-parallel axis is not supported yet (data parallel, tp, ep and cp are): pass {path}.{axis}=1"
-                )
         for axis in DP_AXES:
             if node[axis] < 1 and node[axis] != -1:
                 problems.append(f"{path}.{axis}={node[axis]} must be >= 1, or -1 for the rest of the world: pass {path}.{axis}=-1")

@@ -153,18 +153,19 @@ def accumulated_step(
     num_tokens = 0
     if pipeline is not None:
         total_loss, num_tokens = pipeline.step(microbatches, device, autocast_dtype)
-    for inputs, targets in microbatches if pipeline is None else ():
-        inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-        autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
-        with loss_context():
-            with autocast:
-                task_loss = loss_fn(model(inputs), targets)
-                loss = task_loss + model.auxiliary_loss() if isinstance(model, HasAuxiliaryLoss) else task_loss
-            # fp16: the loss is scaled up so that small gradients do not underflow; unscaled before clipping.
-            backward(scaler.scale(loss / num_micro) if scaler is not None else loss / num_micro)
-        # The reported loss is the task loss alone, so runs with and without auxiliary losses compare.
-        total_loss += full(task_loss.detach()) / num_micro
-        num_tokens += targets.numel()
+    else:
+        for inputs, targets in microbatches:
+            inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+            autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
+            with loss_context():
+                with autocast:
+                    task_loss = loss_fn(model(inputs), targets)
+                    loss = task_loss + model.auxiliary_loss() if isinstance(model, HasAuxiliaryLoss) else task_loss
+                # fp16: the loss is scaled up so that small gradients do not underflow; unscaled before clipping.
+                backward(scaler.scale(loss / num_micro) if scaler is not None else loss / num_micro)
+            # The reported loss is the task loss alone, so runs with and without auxiliary losses compare.
+            total_loss += full(task_loss.detach()) / num_micro
+            num_tokens += targets.numel()
 
     if scaler is not None:
         scaler.unscale_(optimizer)
