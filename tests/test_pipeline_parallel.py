@@ -53,6 +53,8 @@ def pp_runs(tmp_path_factory):
     try:
         single(compose_cfg, root / "single", *CURVE)
         paths = [write_resolved(compose_cfg(*CURVE, "parallel=pp", f"parallel.pp_schedule={name}", *extra), root / name) for name, extra in SCHEDULES.items()]
+        from_single = f"trainer.resume={root / 'single' / 'checkpoints' / 'step_5'}"
+        paths.append(write_resolved(compose_cfg(*CURVE, "parallel=pp", from_single), root / "pp_from_single"))
         run_two_workers(paths)
         single(compose_cfg, root / "single_from_pp", *CURVE, f"trainer.resume={root / '1f1b' / 'checkpoints' / 'step_5'}")
     finally:
