@@ -229,3 +229,34 @@ def test_advise_command_prints_a_table_and_json(capsys):
     assert by_name["fsdp4 x tp2"]["comm_bytes"] > 0 and result["recommended"] in by_name and result["reasons"]
     assert main(["advise", "--gpus", "2"]) == 0
     assert "per-rank memory" in capsys.readouterr().out
+
+
+def run_workers(nproc: int, paths: list[str]) -> None:
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from tests.dp_worker import train_each
+
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, run_id="test-mp")
+    elastic_launch(config, train_each)(paths)
+
+
+@pytest.mark.slow
+def test_dp2_x_tp2_at_4_workers_matches_one_process_and_resumes_under_fsdp2_and_single(tp_runs, compose_cfg, one_thread):
+    """parallel=hybrid: FSDP2 over dp_shard=2 of a tp=2 model, one 2-D mesh over 4 workers. Its curve and gradient norms
+    (step 1's: the untrained model's gradient) equal one process's; its step-5 checkpoint, sharded both ways,
+    continues that curve under fsdp@2 and under one process."""
+    root = tp_runs
+    run_workers(4, [write_resolved(compose_cfg(*CURVE, "parallel=hybrid"), root / "hybrid")])
+    checkpoint = root / "hybrid" / "checkpoints" / "step_5"
+    run_two_workers([write_resolved(compose_cfg(*CURVE, "parallel=fsdp", f"trainer.resume={checkpoint}"), root / "fsdp_from_hybrid")])
+    single(compose_cfg, root / "single_from_hybrid", *CURVE, f"trainer.resume={checkpoint}")
+    reference = curve(root / "single")
+    assert sorted(curve(root / "hybrid")) == list(range(1, STEPS + 1))
+    assert_same_curve(curve(root / "hybrid"), reference, "dp_shard=2 x tp=2")
+    want = grad_norms(root / "single")
+    for step, norm in grad_norms(root / "hybrid").items():
+        assert math.isclose(norm, want[step], rel_tol=1e-5), f"dp2 x tp2 step {step}: grad norm {norm} != one process {want[step]}"
+    for name in ("fsdp_from_hybrid", "single_from_hybrid"):
+        resumed = curve(root / name)
+        assert sorted(resumed) == list(range(6, STEPS + 1)), f"{name} did not continue from step 5"
+        assert_same_curve(resumed, reference, name)
