@@ -17,7 +17,7 @@ from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
 from currytrain.model.config import AC_MODES, AC_POLICIES
 from currytrain.parallel.compile import apply_compile
-from currytrain.parallel.pipeline import PipelinePlan, apply_pp_split
+from currytrain.parallel.pipeline import PipelinePlan
 from currytrain.parallel.state import ParallelState
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,8 @@ def parallelize_decoder(
     #    runs the first stage, the readout if the last; after TP/CP/EP (which shard what remains), before AC, compile
     #    and FSDP, which then wrap only the kept blocks.
     if pipeline is not None:
+        from currytrain.parallel.stages import apply_pp_split  # torch's pipelining: imported only when used
+
         apply_pp_split(model, pipeline, state.views["pp"].get_local_rank())
     # 5. Activation checkpointing: after TP so that recomputation replays the sharded ops; before compile
     #    and FSDP so that both see the checkpoint wrappers as the blocks.

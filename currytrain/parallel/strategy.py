@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -25,9 +26,12 @@ from torch import nn
 from currytrain.errors import ConfigError
 from currytrain.parallel.dims import ParallelDims
 from currytrain.parallel.parallelize import parallelize_decoder
-from currytrain.parallel.pipeline import PipelinePlan, PipelineRunner
+from currytrain.parallel.pipeline import PipelinePlan
 from currytrain.parallel.state import ParallelState, resolve_device
 from currytrain.validate import format_problems
+
+if TYPE_CHECKING:
+    from currytrain.parallel.stages import PipelineRunner
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +150,8 @@ class Parallel:
         plan = self.pipeline_plan(state, model_cfg)
         if plan is None:
             return None
+        from currytrain.parallel.stages import PipelineRunner  # torch's pipelining: imported only when used
+
         return PipelineRunner(model, plan, state.views["pp"], loss_fn, num_micro, state.device)
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, state: ParallelState) -> torch.optim.Optimizer:

@@ -6,6 +6,7 @@ import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -15,7 +16,9 @@ from torch.distributed.tensor import DTensor
 
 from currytrain.model.hooks import HasAuxiliaryLoss
 from currytrain.parallel.memory import grad_bytes
-from currytrain.parallel.pipeline import PipelineRunner
+
+if TYPE_CHECKING:
+    from currytrain.parallel.stages import PipelineRunner
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
