@@ -42,6 +42,8 @@ class Components:
     a runtime wrapped it (parallel.runtime=fabric)."""
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = causal_lm_loss
     """The training loss of (logits, targets); compiled under trainer.compile."""
+    pipeline: Any = None
+    """The PipelineRunner that steps this rank's stages under pipeline parallelism (parallel.pp > 1), else None."""
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -63,7 +65,8 @@ def build_components(cfg: DictConfig, state: ParallelState, data: Any = None) ->
     optimizer = parallel.wrap_optimizer(build(cfg.optimizer, exclude=["schedule"], model=model), state)
     scheduler = build_scheduler(optimizer, cfg.optimizer.schedule, cfg.trainer.max_steps)
     loss_fn = compile_loss(causal_lm_loss) if cfg.trainer.compile else causal_lm_loss
-    return Components(cfg, state, data, model, optimizer, scheduler, parallel.unwrap(model, state), loss_fn)
+    pipeline = parallel.build_pipeline(model, state, cfg.model, loss_fn, cfg.trainer.grad_accum)
+    return Components(cfg, state, data, model, optimizer, scheduler, parallel.unwrap(model, state), loss_fn, pipeline)
 
 
 @contextlib.contextmanager

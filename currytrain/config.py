@@ -54,7 +54,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
         "digits": DigitsConfig,
         "table": TableConfig,
     },
-    "parallel": {name: ParallelConfig for name in ("single", "ddp", "zero1", "zero2", "fsdp", "hsdp", "tp", "ep", "cp", "hybrid")},
+    "parallel": {name: ParallelConfig for name in ("single", "ddp", "zero1", "zero2", "fsdp", "hsdp", "tp", "ep", "cp", "pp", "hybrid")},
     "optimizer": {"adamw": AdamWConfig, "sgd": SGDConfig},
     "logger": {"tensorboard": TensorBoardConfig, "jsonl": JsonlConfig, "mlflow": MLflowConfig, "wandb": WandbConfig},
     "check": {

@@ -25,6 +25,7 @@ from currytrain.model.config import DecoderConfig, GQAConfig, MLPConfig, MoEConf
 from currytrain.optim.config import AdamWConfig
 from currytrain.parallel.config import ParallelConfig
 from currytrain.parallel.dims import ParallelDims, launched_world_size
+from currytrain.parallel.pipeline import SCHEDULES, even_split, microbatch_problem, stages_per_rank
 from currytrain.rules import divisors
 from currytrain.weights import architecture_mismatch, checkpoint_step, model_node_of, resume_checkpoint, safetensors_problem
 
@@ -262,6 +263,41 @@ def _check_context_parallel(cfg: DictConfig) -> list[str]:
     return problems
 
 
+def _check_pipeline_parallel(cfg: DictConfig) -> list[str]:
+    """parallel.pp cuts the GQA decoder's layers into stages (pp per rank-loop of the schedule), each at least one layer,
+    and its schedule runs trainer.grad_accum microbatches through them."""
+    if not _is(cfg.parallel, ParallelConfig) or not cfg.parallel.pp > 1 or cfg.parallel.pp_schedule not in SCHEDULES:
+        return []
+    pp, schedule, model = cfg.parallel.pp, cfg.parallel.pp_schedule, cfg.model
+    if not _is(model, GQAConfig):
+        return [f"parallel.pp={pp} splits the GQA decoder (model=gqa) into stages; {model._target_} has no pipeline split yet: pass parallel.pp=1"]
+    problems = []
+    num_stages = pp * stages_per_rank(schedule)
+    split, n_layers = cfg.parallel.pp_split, model.n_layers
+    per_rank = f" ({stages_per_rank(schedule)} per rank under parallel.pp_schedule={schedule})" if num_stages > pp else ""
+    if split is None and num_stages > n_layers:
+        fits = [p for p in range(2, n_layers + 1) if p * stages_per_rank(schedule) <= n_layers]
+        problems.append(
+            f"parallel.pp={pp} makes {num_stages} stages{per_rank}, more than model.n_layers={n_layers}: "
+            f"pass model.n_layers={num_stages} (or more), or parallel.pp in {fits or [1]}"
+        )
+    if split is not None and (len(split) != num_stages or sum(split) != n_layers or min(split) < 1):
+        problems.append(
+            f"parallel.pp_split={list(split)} must give each of the {num_stages} stages{per_rank} at least one layer and sum to model.n_layers={n_layers}: "
+            f"pass parallel.pp_split={even_split(n_layers, num_stages) if n_layers >= num_stages else 'null'}, or parallel.pp_split=null (even by layer count)"
+        )
+    micro = microbatch_problem(schedule, cfg.trainer.grad_accum, pp)
+    if micro:
+        problems.append(f"parallel.pp_schedule={schedule} with trainer.grad_accum={cfg.trainer.grad_accum} (the microbatches of a step) {micro}")
+    if model.tie_embeddings:
+        problems.append(
+            f"parallel.pp={pp} with model.tie_embeddings=true is not supported (the embedding and the readout live on different stages): pass model.tie_embeddings=false"
+        )
+    if cfg.trainer.precision == "fp16":
+        problems.append(f"parallel.pp={pp} with trainer.precision=fp16 is not supported (the schedule runs the backward unscaled): pass trainer.precision=bf16")
+    return problems
+
+
 def _check_memory(cfg: DictConfig) -> list[str]:
     """Refuse a run that cannot fit, with the estimate (currytrain/estimate.py) and what to change."""
     from currytrain.estimate import GiB, device_memory, estimate_memory
@@ -300,6 +336,7 @@ CROSS_GROUP_CHECKS = (
     _check_tensor_parallel,
     _check_expert_parallel,
     _check_context_parallel,
+    _check_pipeline_parallel,
     _check_fabric_precision,
     _check_loggers,
 )

@@ -73,6 +73,8 @@ def _option_overrides(group: str, option: str, tmp_path: Path) -> list[str]:
         overrides.append("model.n_kv_heads=2")
     if (group, option) == ("parallel", "ep"):
         overrides.append("model=moe")
+    if (group, option) == ("parallel", "pp"):  # a stage per rank needs a layer each; 1f1b needs a microbatch per stage
+        overrides += ["model.n_layers=2", "trainer.grad_accum=2"]
     if (group, option) == ("data", "text"):
         text = tmp_path / "corpus"
         text.mkdir()

@@ -145,7 +145,28 @@ BAD = [
     (["parallel=tp", "parallel.nproc=3"], ["cannot fill the world", "pass parallel.nproc=2"]),
     (["parallel=ddp", "parallel.nproc=4", "parallel.tp=2", "model.n_kv_heads=2"], ["DDP and ZeRO-1 do not take tensor-parallel", "parallel=hybrid"]),
     (["parallel=tp", "parallel.zero_stage=1", "model.n_kv_heads=2"], ["parallel.tp=2 with parallel.zero_stage=1", "parallel=hybrid"]),
-    (["parallel=hybrid", "parallel.pp=2"], ["parallel.pp=2: this model-parallel axis is not supported yet"]),
+    (["parallel=hybrid", "parallel.pp=2", "model.n_kv_heads=2"], ["parallel.pp=2 composes with no other axis for now (parallel.tp=2", "pass parallel=pp"]),
+    (["parallel=pp", "trainer.grad_accum=2"], ["parallel.pp=2 makes 2 stages, more than model.n_layers=1", "pass model.n_layers=2"]),
+    (
+        ["parallel=pp", "parallel.pp_schedule=interleaved_1f1b", "model.n_layers=3", "trainer.grad_accum=2"],
+        ["makes 4 stages (2 per rank", "parallel.pp in [1]"],
+    ),
+    (
+        ["parallel=pp", "model.n_layers=4", "parallel.pp_split=[1,2]", "trainer.grad_accum=2"],
+        ["parallel.pp_split=[1, 2] must give each of the 2 stages at least one layer and sum to model.n_layers=4: pass parallel.pp_split=[2, 2]"],
+    ),
+    (
+        ["parallel=pp", "model.n_layers=2"],
+        ["parallel.pp_schedule=1f1b with trainer.grad_accum=1", "pass trainer.grad_accum=2 (or a multiple), or parallel.pp_schedule=gpipe"],
+    ),
+    (
+        ["parallel=pp", "parallel.pp_schedule=interleaved_1f1b", "model.n_layers=4", "trainer.grad_accum=5"],
+        ["in 2 equal rounds, which 5 are not: pass trainer.grad_accum=4"],
+    ),
+    (["parallel=pp", "parallel.pp_schedule=zbv"], ["parallel.pp_schedule=zbv is not one of ['gpipe', '1f1b'"]),
+    (["parallel=pp", "model=moe", "model.n_layers=2", "trainer.grad_accum=2"], ["has no pipeline split yet: pass parallel.pp=1"]),
+    (["parallel=pp", "model.n_layers=2", "trainer.grad_accum=2", "model.tie_embeddings=true"], ["pass model.tie_embeddings=false"]),
+    (["parallel=pp", "model.n_layers=2", "trainer.grad_accum=2", "trainer.precision=fp16"], ["parallel.pp=2 with trainer.precision=fp16 is not supported"]),
     (["parallel=cp", "data.seq_len=30"], ["parallel.cp=2 cuts data.seq_len=30 into 4 equal chunks", "pass data.seq_len=28"]),
     (["parallel=cp", "model.sliding_window=8"], ["pass model.sliding_window=0"]),
     (["parallel=cp", "model=moe"], ["has no context-parallel plan yet"]),
@@ -208,3 +229,34 @@ def test_advise_command_prints_a_table_and_json(capsys):
     assert by_name["fsdp4 x tp2"]["comm_bytes"] > 0 and result["recommended"] in by_name and result["reasons"]
     assert main(["advise", "--gpus", "2"]) == 0
     assert "per-rank memory" in capsys.readouterr().out
+
+
+def run_workers(nproc: int, paths: list[str]) -> None:
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from tests.dp_worker import train_each
+
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, run_id="test-mp")
+    elastic_launch(config, train_each)(paths)
+
+
+@pytest.mark.slow
+def test_dp2_x_tp2_at_4_workers_matches_one_process_and_resumes_under_fsdp2_and_single(tp_runs, compose_cfg, one_thread):
+    """parallel=hybrid: FSDP2 over dp_shard=2 of a tp=2 model, one 2-D mesh over 4 workers. Its curve and gradient norms
+    (step 1's: the untrained model's gradient) equal one process's; its step-5 checkpoint, sharded both ways,
+    continues that curve under fsdp@2 and under one process."""
+    root = tp_runs
+    run_workers(4, [write_resolved(compose_cfg(*CURVE, "parallel=hybrid"), root / "hybrid")])
+    checkpoint = root / "hybrid" / "checkpoints" / "step_5"
+    run_two_workers([write_resolved(compose_cfg(*CURVE, "parallel=fsdp", f"trainer.resume={checkpoint}"), root / "fsdp_from_hybrid")])
+    single(compose_cfg, root / "single_from_hybrid", *CURVE, f"trainer.resume={checkpoint}")
+    reference = curve(root / "single")
+    assert sorted(curve(root / "hybrid")) == list(range(1, STEPS + 1))
+    assert_same_curve(curve(root / "hybrid"), reference, "dp_shard=2 x tp=2")
+    want = grad_norms(root / "single")
+    for step, norm in grad_norms(root / "hybrid").items():
+        assert math.isclose(norm, want[step], rel_tol=1e-5), f"dp2 x tp2 step {step}: grad norm {norm} != one process {want[step]}"
+    for name in ("fsdp_from_hybrid", "single_from_hybrid"):
+        resumed = curve(root / name)
+        assert sorted(resumed) == list(range(6, STEPS + 1)), f"{name} did not continue from step 5"
+        assert_same_curve(resumed, reference, name)

@@ -1,6 +1,6 @@
 """Typed config of the parallel group (conf/parallel/): one schema, the degrees of every mesh axis.
 
-Every option (single, ddp, zero1, zero2, fsdp, hsdp, tp, ep, cp, hybrid) is a preset of the same ParallelConfig, so axes
+Every option (single, ddp, zero1, zero2, fsdp, hsdp, tp, ep, cp, pp, hybrid) is a preset of the same ParallelConfig, so axes
 compose instead of one class per strategy. The checks here are torch-free (they run at validation).
 """
 
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from currytrain.parallel.dims import ParallelDims, launched_world_size
+from currytrain.parallel.pipeline import SCHEDULES
 
 RUNTIMES = ("torch", "fabric")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -39,7 +40,13 @@ class ParallelConfig:
     parallel), the norms and the residual stream over the sequence (sequence parallel), the loss over the vocabulary
     (loss parallel). The tp ranks of a group see the same batch. model=gqa; tp divides its heads and mlp_hidden."""
     pp: int = 1
-    """Pipeline-parallel stages. Only 1 for now."""
+    """Pipeline-parallel degree: the decoder's layers are cut into stages run one after the other by pp ranks, trainer.grad_accum
+    microbatches in flight (torch.distributed.pipelining). model=gqa; composes with no other axis for now."""
+    pp_schedule: str = "1f1b"
+    """How the microbatches flow through the stages (a torch schedule): gpipe and 1f1b run one stage per pp rank;
+    interleaved_1f1b, looped_bfs, interleaved_zero_bubble and zbv_zero_bubble run two (virtual stages)."""
+    pp_split: list[int] | None = None
+    """Layers of each stage, in stage order (one entry per stage, summing to model.n_layers); null splits evenly by layer count."""
     ep: int = 1
     """Expert-parallel degree (model=moe): each MoE layer's experts are shared out over ep of the data-parallel ranks,
     and tokens are sent to the rank owning their expert (all_to_all). No mesh axis of its own: it divides the
@@ -62,6 +69,8 @@ class ParallelConfig:
             problems.append(f"{path}.runtime={node.runtime} is not one of {list(RUNTIMES)}: pass {path}.runtime=torch")
         elif node.runtime == "fabric":
             problems += _fabric_problems(node, path)
+        if node.pp_schedule not in SCHEDULES:
+            problems.append(f"{path}.pp_schedule={node.pp_schedule} is not one of {list(SCHEDULES)}: pass {path}.pp_schedule=1f1b")
         if node.backend not in ("auto", "gloo", "nccl"):
             problems.append(f"{path}.backend={node.backend} is not one of ['auto', 'gloo', 'nccl']: pass {path}.backend=auto")
         if problems or node.nproc < 1:

@@ -12,11 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 # Mesh axes, outermost first (torchtitan's order). ep is no axis of this mesh: it splits the data-parallel ranks
-# (see build_mesh). Only pp must be 1 for now.
+# (see build_mesh).
 AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 DP_AXES = ("dp_replicate", "dp_shard")
 MODEL_AXES = ("cp", "tp", "pp", "ep")
-SUPPORTED_MODEL_AXES = ("tp", "ep", "cp")
 
 
 def launched_world_size(nproc: int) -> int:
@@ -41,12 +40,8 @@ class ParallelDims:
         """Every problem of the degrees in `node` (a parallel config) for a job of `world_size` processes."""
         problems = []
         for axis in MODEL_AXES:
-            if axis in SUPPORTED_MODEL_AXES and node[axis] < 1:
+            if node[axis] < 1:
                 problems.append(f"{path}.{axis}={node[axis]} must be >= 1: pass {path}.{axis}=1 (off) or a degree that divides the world size")
-            elif axis not in SUPPORTED_MODEL_AXES and node[axis] != 1:
-                problems.append(
-                    f"{path}.{axis}={node[axis]}: this model-parallel axis is not supported yet (data parallel, tp, ep and cp are): pass {path}.{axis}=1"
-                )
         for axis in DP_AXES:
             if node[axis] < 1 and node[axis] != -1:
                 problems.append(f"{path}.{axis}={node[axis]} must be >= 1, or -1 for the rest of the world: pass {path}.{axis}=-1")
@@ -61,13 +56,19 @@ class ParallelDims:
             return problems
         fixed = math.prod(max(node[axis], 1) for axis in (*DP_AXES, "cp", "tp", "pp"))
         where = f"the world size is {world_size} ({'WORLD_SIZE' if 'WORLD_SIZE' in os.environ else f'{path}.nproc={node.nproc}'})"
-        degrees = " x ".join(f"{path}.{axis}={node[axis]}" for axis in (*DP_AXES, "tp") if axis != "tp" or node.tp > 1)
+        degrees = " x ".join(f"{path}.{axis}={node[axis]}" for axis in (*DP_AXES, "tp", "pp") if axis in DP_AXES or node[axis] > 1)
         if -1 in (node.dp_replicate, node.dp_shard):
             if world_size % fixed:
                 return [f"{degrees} cannot fill the world: {where}, which {fixed} does not divide: pass {path}.nproc={fixed} (or a multiple)"]
         elif fixed != world_size:
             return [f"{degrees} = {fixed} processes, but {where}: pass {path}.nproc={fixed}, or degrees whose product is {world_size}"]
         dims = ParallelDims.resolve(node, world_size)
+        if dims.pp > 1 and dims.pp != world_size:
+            others = ", ".join(f"{path}.{axis}={getattr(dims, axis)}" for axis in (*DP_AXES, "cp", "tp", "ep") if getattr(dims, axis) > 1)
+            return [
+                f"{path}.pp={node.pp} composes with no other axis for now ({others}; a world of {world_size}): "
+                f"pass parallel=pp {path}.nproc={node.pp}, or {path}.pp=1"
+            ]
         if dims.ep > 1 and (dims.dp_size % dims.ep or dims.dp_size != world_size):
             return [
                 f"{path}.ep={node.ep} splits the data-parallel ranks ({dims.dp_size} here, of a world of {world_size}) and composes with data parallelism "

@@ -17,6 +17,7 @@ from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
 from currytrain.model.config import AC_MODES, AC_POLICIES
 from currytrain.parallel.compile import apply_compile
+from currytrain.parallel.pipeline import PipelinePlan
 from currytrain.parallel.state import ParallelState
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ def parallelize_decoder(
     zero_stage: int = 0,
     param_dtype: torch.dtype | None = None,
     compile: bool = False,
+    pipeline: PipelinePlan | None = None,
 ) -> nn.Module:
     """Apply parallelism to a decoder whose blocks are `model.layers`, in place; returns the model.
 
@@ -54,6 +56,7 @@ def parallelize_decoder(
     param_dtype: FSDP2 gathers the parameters in this dtype for compute (bf16 runs) and reduces gradients in
     fp32; None gathers them as stored (fp32).
     compile (trainer.compile): torch.compile each block.
+    pipeline: the stages under pipeline parallelism; this rank keeps the parts of its own stages only.
     """
     # 1. Tensor parallelism: shards each block's projections over the mesh's tp axis; first, so that every later
     #    wrapper (checkpointing, FSDP) sees DTensor parameters already laid out on it.
@@ -67,14 +70,21 @@ def parallelize_decoder(
     # 3. Expert parallelism (model=moe): each ep rank keeps its share of the experts; tokens travel to them.
     if state.dims is not None and state.dims.ep > 1:
         apply_ep(model, state)
-    # 4. Activation checkpointing: after TP so that recomputation replays the sharded ops; before compile
+    # 4. Pipeline split: this pp rank keeps its stages' blocks (under their whole-model names), the embedding if it
+    #    runs the first stage, the readout if the last; after TP/CP/EP (which shard what remains), before AC, compile
+    #    and FSDP, which then wrap only the kept blocks.
+    if pipeline is not None:
+        from currytrain.parallel.stages import apply_pp_split  # torch's pipelining: imported only when used
+
+        apply_pp_split(model, pipeline, state.views["pp"].get_local_rank())
+    # 5. Activation checkpointing: after TP so that recomputation replays the sharded ops; before compile
     #    and FSDP so that both see the checkpoint wrappers as the blocks.
     apply_ac(model, model_cfg.ac, model_cfg.ac_policy, model_cfg.ac_every)
-    # 5. torch.compile per block: after AC so that the compiled graph holds the checkpointed block (its
+    # 6. torch.compile per block: after AC so that the compiled graph holds the checkpointed block (its
     #    recomputation included); before FSDP so that FSDP's gathers and hooks stay outside the graph.
     if compile:
         apply_compile(model)
-    # 6. FSDP: fully_shard per block, then the root.
+    # 7. FSDP: fully_shard per block, then the root.
     if zero_stage >= 2 and state.mesh is not None:
         apply_fsdp(model, state, reshard_after_forward=zero_stage == 3, param_dtype=param_dtype)
     return model

@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -25,8 +26,12 @@ from torch import nn
 from currytrain.errors import ConfigError
 from currytrain.parallel.dims import ParallelDims
 from currytrain.parallel.parallelize import parallelize_decoder
+from currytrain.parallel.pipeline import PipelinePlan
 from currytrain.parallel.state import ParallelState, resolve_device
 from currytrain.validate import format_problems
+
+if TYPE_CHECKING:
+    from currytrain.parallel.stages import PipelineRunner
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +49,8 @@ class Parallel:
         tp: int = 1,
         pp: int = 1,
         ep: int = 1,
+        pp_schedule: str = "1f1b",
+        pp_split: list[int] | None = None,
         zero_stage: int = 0,
         runtime: str = "torch",
         backend: str = "auto",
@@ -51,6 +58,7 @@ class Parallel:
         """The fields of ParallelConfig (see there)."""
         self.nproc = nproc
         self.degrees = {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "cp": cp, "tp": tp, "pp": pp, "ep": ep}
+        self.pp_schedule, self.pp_split = pp_schedule, list(pp_split) if pp_split else None
         self.zero_stage, self.runtime, self.backend = zero_stage, runtime, backend
         self._owns_group = False
 
@@ -109,7 +117,15 @@ class Parallel:
         precision (trainer.precision): FSDP gathers bf16 parameters for bf16 runs (MixedPrecisionPolicy).
         compile (trainer.compile): torch.compile each block."""
         param_dtype = torch.bfloat16 if precision == "bf16" and state.fabric is None else None
-        model = parallelize_decoder(model.to(state.device), state, model_cfg, zero_stage=self.zero_stage, param_dtype=param_dtype, compile=compile)
+        model = parallelize_decoder(
+            model.to(state.device),
+            state,
+            model_cfg,
+            zero_stage=self.zero_stage,
+            param_dtype=param_dtype,
+            compile=compile,
+            pipeline=self.pipeline_plan(state, model_cfg),
+        )
         if state.fabric is not None:
             return state.fabric.setup_module(model)  # DDP and the precision's autocast around forward
         if state.mesh is not None and self.zero_stage < 2 and state.view("loss").size() > 1:  # one dp rank (tp only): nothing to all-reduce
@@ -121,6 +137,22 @@ class Parallel:
             experts = [module for module in model.modules() if isinstance(module, ExpertParallelExperts)]
             replicate(model, ignored_modules=experts, process_group=state.view("loss").get_group())
         return model
+
+    def pipeline_plan(self, state: ParallelState, model_cfg: DictConfig) -> PipelinePlan | None:
+        """The stages and their layers under pipeline parallelism; None without it."""
+        if state.dims is None or state.dims.pp == 1:
+            return None
+        return PipelinePlan.of(state.dims.pp, self.pp_schedule, self.pp_split, model_cfg.n_layers)
+
+    def build_pipeline(self, model: nn.Module, state: ParallelState, model_cfg: DictConfig, loss_fn, num_micro: int) -> PipelineRunner | None:
+        """The schedule that runs this rank's stages of the (already split) `model`, with `num_micro` microbatches per
+        step and `loss_fn` on the last stage; None without pipeline parallelism."""
+        plan = self.pipeline_plan(state, model_cfg)
+        if plan is None:
+            return None
+        from currytrain.parallel.stages import PipelineRunner  # torch's pipelining: imported only when used
+
+        return PipelineRunner(model, plan, state.views["pp"], loss_fn, num_micro, state.device)
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, state: ParallelState) -> torch.optim.Optimizer:
         """ZeRO-1: rebuild the optimizer as a ZeroRedundancyOptimizer over the same param groups, so each dp

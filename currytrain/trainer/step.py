@@ -6,14 +6,19 @@ import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
 from currytrain.model.hooks import HasAuxiliaryLoss
 from currytrain.parallel.memory import grad_bytes
+
+if TYPE_CHECKING:
+    from currytrain.parallel.stages import PipelineRunner
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -44,10 +49,20 @@ class StepResult:
     """Bytes of the gradients this rank held before the optimizer step (when measure_grads)."""
 
 
-def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float, across: dist.ProcessGroup | None = None) -> torch.Tensor:
     """torch's clip_grad_norm_ (returns the global L2 norm before clipping), also over parameters that mix plain
     tensors and DTensors of different meshes (expert parallelism shards the experts, DDP replicates the rest):
-    each kind's norm is taken apart, made whole (a sharded DTensor's norm sums every rank's part), then combined."""
+    each kind's norm is taken apart, made whole (a sharded DTensor's norm sums every rank's part), then combined.
+
+    across: the ranks that hold the other parts of the model as plain tensors (the pipeline stages): the norm is over
+    all of their gradients, and every rank clips by that same norm."""
+    if across is not None:
+        grads = [param.grad for param in parameters if param.grad is not None]
+        squared = torch.nn.utils.get_total_norm(grads) ** 2
+        dist.all_reduce(squared, group=across)
+        total = squared.sqrt()
+        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
+        return total
     kinds: dict[object, list[torch.Tensor]] = {}
     for param in parameters:
         if param.grad is not None:
@@ -116,6 +131,7 @@ def accumulated_step(
     scaler: torch.amp.GradScaler | None = None,
     backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
     loss_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    pipeline: PipelineRunner | None = None,
 ) -> DeviceStep:
     """Forward+backward each microbatch with its loss scaled by 1/N, then clip and take one optimizer step,
     unless the gradients are not finite.
@@ -127,6 +143,9 @@ def accumulated_step(
     Scaling each microbatch loss by 1/N makes the accumulated gradient equal to the gradient of
     the mean loss over the concatenated batch (for equal-sized microbatches).
 
+    `pipeline` (pipeline parallelism): its schedule runs the microbatches through this rank's stages instead of the
+    loop here (loss on the last stage, broadcast to every stage); the gradient norm is over every stage's parameters.
+
     With an optimizer that skips on the device (skips_on_device: fused AdamW, the default) nothing here waits
     for the device; otherwise the finiteness check reads the gradient norm back once.
     """
@@ -135,23 +154,26 @@ def accumulated_step(
     device = next(model.parameters()).device
     total_loss = torch.zeros((), device=device)
     num_tokens = 0
-    for inputs, targets in microbatches:
-        inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-        autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
-        with loss_context():
-            with autocast:
-                task_loss = loss_fn(model(inputs), targets)
-                loss = task_loss + model.auxiliary_loss() if isinstance(model, HasAuxiliaryLoss) else task_loss
-            # fp16: the loss is scaled up so that small gradients do not underflow; unscaled before clipping.
-            backward(scaler.scale(loss / num_micro) if scaler is not None else loss / num_micro)
-        # The reported loss is the task loss alone, so runs with and without auxiliary losses compare.
-        total_loss += full(task_loss.detach()) / num_micro
-        num_tokens += targets.numel()
+    if pipeline is not None:
+        total_loss, num_tokens = pipeline.step(microbatches, device, autocast_dtype)
+    else:
+        for inputs, targets in microbatches:
+            inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+            autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
+            with loss_context():
+                with autocast:
+                    task_loss = loss_fn(model(inputs), targets)
+                    loss = task_loss + model.auxiliary_loss() if isinstance(model, HasAuxiliaryLoss) else task_loss
+                # fp16: the loss is scaled up so that small gradients do not underflow; unscaled before clipping.
+                backward(scaler.scale(loss / num_micro) if scaler is not None else loss / num_micro)
+            # The reported loss is the task loss alone, so runs with and without auxiliary losses compare.
+            total_loss += full(task_loss.detach()) / num_micro
+            num_tokens += targets.numel()
 
     if scaler is not None:
         scaler.unscale_(optimizer)
     # An infinite bound measures the norm without changing the gradients.
-    grad_norm = clip_grad_norm(list(model.parameters()), grad_clip if grad_clip > 0 else float("inf"))
+    grad_norm = clip_grad_norm(list(model.parameters()), grad_clip if grad_clip > 0 else float("inf"), pipeline.group if pipeline is not None else None)
     found_inf = (~torch.isfinite(grad_norm)).float()
     if scaler is None and skips_on_device(optimizer):
         optimizer.found_inf = found_inf

@@ -64,6 +64,7 @@ class Trainer:
         self.data, self.model, self.optimizer, self.scheduler = parts.data, parts.model, parts.optimizer, parts.scheduler
         self.module = parts.module  # the model with its own parameter names, for checkpoints and weight loading
         self.autocast_dtype, self.loss_fn = parts.autocast_dtype, parts.loss_fn
+        self.pipeline = parts.pipeline  # pipeline parallelism: its schedule steps (and evaluates) this rank's stages
         # fp16 needs loss scaling (validation allows it on CUDA only); bf16 has fp32's range and needs none.
         self.scaler = torch.amp.GradScaler(self.state.device.type) if self.cfg.precision == "fp16" else None
         self.train_state = TrainState(self.module, self.optimizer, self.scheduler, rank=self.state.rank)
@@ -150,6 +151,7 @@ class Trainer:
             scaler=self.scaler,
             backward=self.state.fabric.backward if self.state.fabric is not None else torch.Tensor.backward,
             loss_context=self.state.loss_context,
+            pipeline=self.pipeline,
         )
         if not self.memory_logged:
             self.log_memory(pending.grad_bytes)
@@ -263,7 +265,10 @@ class Trainer:
         """Mean loss over the same trainer.eval_batches val batches every time, so evals are comparable."""
         self.model.eval()
         losses, extra = [], []
-        for index in range(self.cfg.eval_batches):
+        if self.pipeline is not None:  # forward only through the stages; every rank gets the last stage's losses
+            batches = [self.batch("val", 0, index) for index in range(self.cfg.eval_batches)]
+            losses = self.pipeline.eval_losses(batches, self.state.device, self.autocast_dtype)
+        for index in range(self.cfg.eval_batches if self.pipeline is None else 0):
             inputs, targets = self.batch("val", 0, index)
             inputs, targets = inputs.to(self.state.device), targets.to(self.state.device)
             autocast = torch.autocast(self.state.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
