@@ -11,7 +11,7 @@ A first-order model, from the config alone (the model is built on the meta devic
   all-gathers, TP's four sequence-parallel collectives per layer forward and backward, CP's key/value ring,
   EP's two all_to_alls per MoE layer forward and backward, PP's activations at each stage boundary.
 
-Its accuracy against measured runs is not established yet (docs/parallelism.md says what is).
+Its accuracy against measured runs: docs/parallelism.md (bench/advise_memory.py).
 """
 
 from __future__ import annotations
