@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
+from conftest import TINY
 from currytrain.check.ablation import Ablation
 from currytrain.check.capacity import Capacity, Shape, capacity_finding, saturation
 from currytrain.check.lr_range import LRRange
@@ -21,8 +23,9 @@ from currytrain.check.sanity import gather_layer_stats, stats_table
 from currytrain.check.scaling import Scaling, fit_power_law
 from currytrain.check.seeds import Seeds
 from currytrain.check.stage import StageContext, Status
-from currytrain.check.subruns import SubRun
+from currytrain.check.subruns import SubRun, arm_config, derive
 from currytrain.data.probe import FIRST_SYMBOL, IGNORE, NOISE, QUERY, SEP, TASKS, ProbeTasks
+from currytrain.errors import ConfigError
 from currytrain.estimate import count_parameters
 from currytrain.journal import Journal, read_journal
 from currytrain.logger.base import MultiLogger
@@ -43,7 +46,8 @@ def context(compose_cfg, tmp_path, one_thread):
     def _context(*overrides: str) -> StageContext:
         run_dir = tmp_path / f"run{next(count)}"
         cfg = compose_cfg(SMALL_DATA, *RUNS, *overrides)
-        return StageContext(cfg, ParallelState(), run_dir, Journal(run_dir / "journal.jsonl"))
+        own = [*TINY, SMALL_DATA, *RUNS, *overrides]  # what a launched run's journal header holds
+        return StageContext(cfg, ParallelState(), run_dir, Journal(run_dir / "journal.jsonl"), overrides=own)
 
     return _context
 
@@ -161,6 +165,26 @@ def test_ablation_tells_a_real_fix_from_a_no_op(context):
     assert finding.status is Status.WARNING and "within seed noise" in finding.cause
     skipped = _only(Ablation().run(context()))
     assert skipped.status is Status.PASSED and "skipped" in skipped.observed
+
+
+def test_ablation_idea_chooses_another_option_or_an_experiment_composed_over_the_run(context, compose_cfg):
+    ctx = context()
+    stage = Ablation(idea=["model=moe", "model.num_experts=2"], seeds=2, max_steps=2)
+    finding = _only(stage.run(ctx))
+    assert stage.verdict is not None and "model=moe model.num_experts=2: " in finding.observed, (finding, stage.run)
+    idea = OmegaConf.load(ctx.run_dir / "ablation" / "idea_seed_1" / "resolved.yaml")
+    base = OmegaConf.load(ctx.run_dir / "ablation" / "baseline_seed_1" / "resolved.yaml")
+    assert idea.model._target_.endswith("MoETransformer") and idea.model.num_experts == 2 and not base.model._target_.endswith("MoETransformer")
+    assert idea.model.dim == base.model.dim == 32 and idea.seed == 1 and idea.trainer.max_steps == 2, "the run's own overrides and the budget hold"
+    base, values = arm_config(ctx, ["experiment=tiny_bytes", "trainer.max_steps=2"])
+    idea = derive(base, values)
+    assert values == ["trainer.max_steps=2"] and base.trainer.max_steps == 6, "the run's own overrides win over the experiment file"
+    assert idea.optimizer.lr == 2e-3 and idea.model.vocab_size == 1024 and idea.trainer.max_steps == 2 and idea.model.dim == 32
+    with pytest.raises(ConfigError, match=r"model=nope: (.|\n)*Available options in 'model'(.|\n)*moe"):
+        Ablation(idea=["model=nope"], seeds=2, max_steps=2).run(ctx := context())
+    assert not (ctx.run_dir / "ablation").exists(), "a bad option fails before any arm trains"
+    (problem,) = validate(compose_cfg("check=ablation", 'check.stages.ablation.idea=["model=nope","optimizer.lr=0.01"]'))
+    assert problem.startswith("check.stages.ablation.idea/baseline hold model=nope: model has no option nope; choose one of ['gqa',"), problem
 
 
 # ------------------------------------------------------------------------------------------------- scaling

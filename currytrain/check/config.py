@@ -206,7 +206,8 @@ class AblationConfig:
 
     _target_: str = "currytrain.check.ablation.Ablation"
     idea: list[str] = field(default_factory=list)
-    """Overrides that make the idea ("optimizer.lr=0.01", "model.n_layers=6"); empty skips the stage."""
+    """Overrides that make the idea: values ("optimizer.lr=0.01", "model.n_layers=6") or other options of groups
+    ("model=moe", "experiment=my_idea"), for which the arm is composed again; empty skips the stage."""
     baseline: list[str] = field(default_factory=list)
     """Overrides of both arms (the baseline is the configured run with these)."""
     seeds: int = 3
@@ -220,7 +221,21 @@ class AblationConfig:
         bad = [item for item in list(node.idea) + list(node.baseline) if "=" not in str(item)]
         if bad:
             problems.append(f"{path}.idea/baseline hold {bad}, which are not key=value overrides: pass {path}.idea=[optimizer.lr=0.01]")
-        return problems
+        return problems + unknown_options(path, [str(item) for item in list(node.idea) + list(node.baseline) if "=" in str(item)])
+
+
+def unknown_options(path: str, overrides: list[str]) -> list[str]:
+    """Problems for overrides that choose an option a config group does not have (idea=[model=nope])."""
+    from currytrain.check.subruns import hydra_context
+
+    problems = []
+    with hydra_context() as (loader, _):
+        for override in overrides:
+            group, _, option = override.partition("=")
+            options = loader.get_group_options(group) if group.replace("/", "").isidentifier() else []
+            if options and option not in options:
+                problems.append(f"{path}.idea/baseline hold {override}: {group} has no option {option}; choose one of {options}")
+    return problems
 
 
 @dataclass
