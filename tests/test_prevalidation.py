@@ -323,13 +323,28 @@ def test_probe_copy_is_solved_with_attention_and_near_chance_without(attention, 
     assert event["accuracy"] == score and (ctx.run_dir / "probe" / "copy" / "resolved.yaml").is_file()
 
 
+def test_probe_induction_stays_near_chance_without_attention(context, monkeypatch):
+    """The task has no shortcut: a model that cannot read other positions cannot tell what followed the key."""
+    _attention_removed(monkeypatch)
+    ctx = context("trainer.batch_size=16", "optimizer.lr=1e-2", "trainer.log_every=20")
+    stage = Probe(tasks=["induction"], max_steps=100, num_symbols=8, eval_batches=4, gate=False)
+    finding = _only(stage.run(ctx))
+    score = stage.runs["induction"].measured["accuracy"]
+    assert stage.runs["induction"].finished and score < 1 / 8 + 0.1, finding
+    assert finding.status is Status.WARNING and "near chance" in finding.cause and "accuracy >= 90%" in finding.expected, finding
+
+
 # ----------------------------------------------------------------------------------------------- configs
 
 
 def test_check_ladder_climbs_every_stage_in_order(compose_cfg):
     cfg = compose_cfg("check=ladder")
-    assert list(cfg.check.stages) == ["skeleton", "preflight", "sanity", "lr_range", "mup", "seeds", "ablation", "capacity", "scaling"]
+    assert list(cfg.check.stages) == ["skeleton", "preflight", "sanity", "lr_range", "mup", "seeds", "ablation", "probe", "capacity", "scaling"]
     assert cfg.check.stages.mup.standard_fails is False and compose_cfg("check=mup").check.stages.mup.standard_fails is True
+    assert cfg.check.stages.probe.gate is False and compose_cfg("check=probe").check.stages.probe.gate is True
+    alone = {name: compose_cfg(f"check={name}").check.stages[name] for name in ("seeds", "capacity", "scaling")}
+    assert all(cfg.check.stages[name].max_steps < alone[name].max_steps for name in ("seeds", "scaling")), "the ladder cuts budgets"
+    assert cfg.check.stages.capacity.budget_steps < alone["capacity"].budget_steps
 
 
 def test_stage_thresholds_are_validated_with_their_key_and_fix(compose_cfg):

@@ -295,16 +295,24 @@ class ProbeStageConfig:
     """Steps of each task's run."""
     num_symbols: int = 16
     """Alphabet of the tasks' content."""
+    seq_len: int | None = 32
+    """Tokens per task sequence, at most data.seq_len (null: data.seq_len). Short sequences train the mechanism
+    in fewer, cheaper steps; the debug model solves copy and induction at 32."""
+    overrides: list[str] = field(default_factory=list)
+    """Extra overrides of every task's run ("optimizer.lr=1e-2", "trainer.batch_size=64")."""
     eval_batches: int = 8
     """Val batches (of trainer.batch_size sequences) the accuracy is measured on."""
     min_accuracy: float = 0.9
     """Share of answer tokens right needed on every task (the gate)."""
+    gate: bool = True
+    """false: a task below min_accuracy warns instead of failing (check=ladder: a model may lack a mechanism on purpose)."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
         from currytrain.data.probe import TASKS
 
         problems = at_least(node, path, ("max_steps", "eval_batches")) + at_least(node, path, ("num_symbols",), minimum=2)
+        problems += at_least(node, path, ("seq_len",), minimum=8) if node.seq_len is not None else []
         unknown = [task for task in node.tasks if task not in TASKS]
         if unknown or not node.tasks:
             problems.append(f"{path}.tasks={list(node.tasks)} must be a non-empty subset of {list(TASKS)}: pass {path}.tasks=[copy,induction]")
@@ -396,19 +404,22 @@ class ScalingCheckConfig(LadderConfig):
 
 @dataclass
 class FullLadderConfig(LadderConfig):
-    """check=ladder: every stage that exists, in order. In the ladder the muP check warns rather than fails for a
-    model without muP, and the ablation runs only when check.stages.ablation.idea is given."""
+    """check=ladder: every stage, in order, at budgets that fit about 15 minutes on 2 shared CPU cores for the
+    debug model (docs/ladder.md has the measured times); each stage alone (check=seeds, ...) keeps its fuller
+    budget. In the ladder the muP check and the probe tasks warn rather than fail (a model may lack muP or a
+    mechanism on purpose), and the ablation runs only when check.stages.ablation.idea is given."""
 
     stages: dict[str, Any] = field(
         default_factory=lambda: {
             "skeleton": SkeletonConfig(),
             "preflight": PreflightConfig(),
             "sanity": SanityConfig(),
-            "lr_range": LRRangeConfig(),
+            "lr_range": LRRangeConfig(batch_size=8),
             "mup": MupCheckConfig(standard_fails=False),
-            "seeds": SeedsConfig(),
-            "ablation": AblationConfig(),
-            "capacity": CapacityConfig(),
-            "scaling": ScalingConfig(),
+            "seeds": SeedsConfig(max_steps=50),
+            "ablation": AblationConfig(max_steps=50),
+            "probe": ProbeStageConfig(gate=False),
+            "capacity": CapacityConfig(widths=[64, 128], budget_steps=25),
+            "scaling": ScalingConfig(max_steps=50),
         }
     )

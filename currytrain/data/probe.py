@@ -7,7 +7,8 @@ Token ids: 0 is the separator, 1 the query marker, 2 the noise token, symbols ar
 
   copy            x_1..x_k SEP x_1..x_k            answer: the second copy (needs attention to position i-k-1)
   recall          k_1 v_1 .. k_n v_n QUERY k_i v_i answer: v_i (associative recall)
-  induction       ... A B ... A B                  answer: the second B (an induction head: after A, what followed A)
+  induction       ... A B ... C D ... A B ...      answer: B after every repeated key A (an induction head: after
+                                                   A, what followed A before); keys occur only in their pairs
   parity          b_1..b_n SEP p                   answer: the parity of the bits (symbols 3 and 4)
   selective_copy  data tokens among noise, SEP, the data tokens in order   answer: the data tokens
 """
@@ -45,16 +46,27 @@ def _recall(g: torch.Generator, length: int, symbols: int) -> tuple[torch.Tensor
 
 
 def _induction(g: torch.Generator, length: int, symbols: int) -> tuple[torch.Tensor, torch.Tensor]:
-    a, b = (torch.randperm(symbols, generator=g)[:2] + FIRST_SYMBOL).tolist()
-    others = torch.randperm(symbols, generator=g)
-    filler = others[(others + FIRST_SYMBOL != a)][: symbols - 1] + FIRST_SYMBOL  # every symbol but A
-    body = filler[torch.randint(len(filler), (length - 2,), generator=g)]
-    where = int(torch.randint(0, length - 6, (1,), generator=g))
-    body[where], body[where + 1] = a, b
-    seq = torch.cat([body, torch.tensor([a, b])])
-    answers = torch.zeros(len(seq), dtype=torch.bool)
-    answers[-1] = True
-    return seq, answers
+    keys_count = max(1, min(symbols // 4, length // 8))
+    shuffled = torch.randperm(symbols, generator=g) + FIRST_SYMBOL
+    keys, others = shuffled[:keys_count], shuffled[keys_count:]  # a key occurs only in its pairs: unambiguous
+    values = others[torch.randint(len(others), (keys_count,), generator=g)]
+    pairs = max(2, length // 4)
+    which = torch.randint(keys_count, (pairs,), generator=g)
+    which[-1] = which[0]  # the last pair repeats a key: the sequence ends on an answer
+    filler = length - 2 * pairs
+    units = torch.cat([torch.randperm(pairs - 1 + filler, generator=g), torch.tensor([pairs - 1 + filler])])
+    tokens, answers, seen = [], [], set()
+    for unit in units.tolist():  # units below pairs - 1 are pairs (in order), the last unit is the last pair
+        index = unit if unit < pairs - 1 else (pairs - 1 if unit == pairs - 1 + filler else -1)
+        if index < 0:
+            tokens.append(int(others[torch.randint(len(others), (1,), generator=g)]))
+            answers.append(False)
+            continue
+        key = int(which[index])
+        tokens += [int(keys[key]), int(values[key])]
+        answers += [False, key in seen]  # the value after a key seen before: what followed it then
+        seen.add(key)
+    return torch.tensor(tokens), torch.tensor(answers)
 
 
 def _parity(g: torch.Generator, length: int, symbols: int) -> tuple[torch.Tensor, torch.Tensor]:
