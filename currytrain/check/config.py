@@ -416,10 +416,10 @@ class FullLadderConfig(LadderConfig):
             "sanity": SanityConfig(),
             "lr_range": LRRangeConfig(batch_size=8),
             "mup": MupCheckConfig(standard_fails=False),
-            "seeds": SeedsConfig(max_steps=50),
-            "ablation": AblationConfig(max_steps=50),
-            "probe": ProbeStageConfig(gate=False),
-            "capacity": CapacityConfig(widths=[64, 128], budget_steps=25),
-            "scaling": ScalingConfig(max_steps=50),
+            "seeds": SeedsConfig(max_steps=40),
+            "ablation": AblationConfig(max_steps=40),
+            "probe": ProbeStageConfig(tasks=["copy"], max_steps=150, gate=False),
+            "capacity": CapacityConfig(widths=[64, 128], budget_steps=20),
+            "scaling": ScalingConfig(widths=[32, 40, 48, 64, 96], max_steps=50),
         }
     )
