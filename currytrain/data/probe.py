@@ -7,8 +7,8 @@ Token ids: 0 is the separator, 1 the query marker, 2 the noise token, symbols ar
 
   copy            x_1..x_k SEP x_1..x_k            answer: the second copy (needs attention to position i-k-1)
   recall          k_1 v_1 .. k_n v_n QUERY k_i v_i answer: v_i (associative recall)
-  induction       ... A B ... C D ... A B ...      answer: B after every repeated key A (an induction head: after
-                                                   A, what followed A before); keys occur only in their pairs
+  induction       x_1..x_k NOISE.. x_1..x_k          answer: the repeat after its first token (an induction head: after
+                  (distinct x, random k and gap)   x_i, what followed x_i before; the random gap rules out an offset)
   parity          b_1..b_n SEP p                   answer: the parity of the bits (symbols 3 and 4)
   selective_copy  data tokens among noise, SEP, the data tokens in order   answer: the data tokens
 """
@@ -46,27 +46,14 @@ def _recall(g: torch.Generator, length: int, symbols: int) -> tuple[torch.Tensor
 
 
 def _induction(g: torch.Generator, length: int, symbols: int) -> tuple[torch.Tensor, torch.Tensor]:
-    keys_count = max(1, min(symbols // 4, length // 8))
-    shuffled = torch.randperm(symbols, generator=g) + FIRST_SYMBOL
-    keys, others = shuffled[:keys_count], shuffled[keys_count:]  # a key occurs only in its pairs: unambiguous
-    values = others[torch.randint(len(others), (keys_count,), generator=g)]
-    pairs = max(2, length // 4)
-    which = torch.randint(keys_count, (pairs,), generator=g)
-    which[-1] = which[0]  # the last pair repeats a key: the sequence ends on an answer
-    filler = length - 2 * pairs
-    units = torch.cat([torch.randperm(pairs - 1 + filler, generator=g), torch.tensor([pairs - 1 + filler])])
-    tokens, answers, seen = [], [], set()
-    for unit in units.tolist():  # units below pairs - 1 are pairs (in order), the last unit is the last pair
-        index = unit if unit < pairs - 1 else (pairs - 1 if unit == pairs - 1 + filler else -1)
-        if index < 0:
-            tokens.append(int(others[torch.randint(len(others), (1,), generator=g)]))
-            answers.append(False)
-            continue
-        key = int(which[index])
-        tokens += [int(keys[key]), int(values[key])]
-        answers += [False, key in seen]  # the value after a key seen before: what followed it then
-        seen.add(key)
-    return torch.tensor(tokens), torch.tensor(answers)
+    most = max(2, min(symbols, length // 2))
+    k = int(torch.randint(min(max(2, length // 4), most), most + 1, (1,), generator=g))
+    segment = torch.randperm(symbols, generator=g)[:k] + FIRST_SYMBOL  # distinct: each token says where it was
+    gap = int(torch.randint(length - 2 * k + 1, (1,), generator=g))  # random offset: no positional shortcut
+    seq = torch.cat([torch.full((length - 2 * k - gap,), NOISE), segment, torch.full((gap,), NOISE), segment])
+    answers = torch.zeros(len(seq), dtype=torch.bool)
+    answers[len(seq) - k + 1 :] = True  # the repeat after its first token: what followed this token before
+    return seq, answers
 
 
 def _parity(g: torch.Generator, length: int, symbols: int) -> tuple[torch.Tensor, torch.Tensor]:
