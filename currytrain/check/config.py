@@ -291,8 +291,9 @@ class ProbeStageConfig:
     _target_: str = "currytrain.check.probe_tasks.Probe"
     tasks: list[str] = field(default_factory=lambda: ["copy", "induction"])
     """Tasks of data=probe to train on, one run each: copy, recall, induction, parity, selective_copy."""
-    max_steps: int = 300
-    """Steps of each task's run."""
+    max_steps: int = 1000
+    """Steps of each task's run. The debug model copies after about 200 steps of 32 sequences; its induction
+    head forms between steps 400 and 500 (docs/ladder.md)."""
     num_symbols: int = 16
     """Alphabet of the tasks' content."""
     seq_len: int | None = 32
@@ -390,7 +391,7 @@ class CapacityCheckConfig(LadderConfig):
 
 @dataclass
 class ProbeCheckConfig(LadderConfig):
-    """check=probe: the probe stage alone (not part of check=ladder: it trains one run per task)."""
+    """check=probe: the probe stage alone, copy and induction at the full budget (check=ladder runs copy only)."""
 
     stages: dict[str, Any] = field(default_factory=lambda: {"probe": ProbeStageConfig()})
 

@@ -49,7 +49,7 @@ class Probe(Stage):
     def __init__(
         self,
         tasks: list[str] = ("copy", "induction"),
-        max_steps: int = 300,
+        max_steps: int = 1000,
         num_symbols: int = 16,
         seq_len: int | None = None,
         overrides: list[str] = (),
