@@ -293,7 +293,7 @@ class ProbeStageConfig:
     """Tasks of data=probe to train on, one run each: copy, recall, induction, parity, selective_copy."""
     max_steps: int = 1000
     """Steps of each task's run. The debug model copies after about 200 steps of 32 sequences; its induction
-    head forms between steps 400 and 500 (docs/ladder.md)."""
+    head forms between steps 300 and 500 (docs/ladder.md)."""
     num_symbols: int = 16
     """Alphabet of the tasks' content."""
     seq_len: int | None = 32
