@@ -1,6 +1,8 @@
 """Stage ablation: a small A/B of baseline against an idea, over seeds, before the idea gets a full run.
 
-The idea is a list of overrides of the configured run (`check.stages.ablation.idea=[optimizer.lr=0.01]`).
+The idea is a list of overrides of the configured run: values (`check.stages.ablation.idea=[optimizer.lr=0.01]`)
+or other options of groups and experiment files (`idea=[model=moe]`, `idea=[experiment=my_idea]`), for which the
+arm is composed again by Hydra from the run's own overrides plus the idea's.
 Both arms train the same seeds at a small budget; the verdict compares the mean final val losses with a
 Welch 95% interval (the one `currytrain compare` uses): "real" when the interval excludes 0, "within
 noise" when it holds it. Next to the expected gain stands the cost of one full run of the configured
@@ -15,7 +17,7 @@ import statistics
 
 from currytrain.check.seeds import budget_overrides, run_seeds
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
-from currytrain.check.subruns import SubRun
+from currytrain.check.subruns import SubRun, arm_config
 from currytrain.components import Components
 from currytrain.report.compare import welch
 
@@ -82,6 +84,8 @@ class Ablation(Stage):
                 Finding("ablation", Status.PASSED, "no idea given: skipped", "check.stages.ablation.idea=[<override>,...] to compare an idea")
             )
             return result
+        for arm in (self.baseline, self.baseline + self.idea):
+            arm_config(ctx, arm)  # an unknown option fails here (ConfigError), before any arm trains
         seeds = [int(ctx.cfg.seed) + i for i in range(self.seeds)]
         budget = budget_overrides(self.max_steps, [])
         base = run_seeds(ctx, self.name, "baseline_", seeds, budget + self.baseline)

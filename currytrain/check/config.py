@@ -206,7 +206,8 @@ class AblationConfig:
 
     _target_: str = "currytrain.check.ablation.Ablation"
     idea: list[str] = field(default_factory=list)
-    """Overrides that make the idea ("optimizer.lr=0.01", "model.n_layers=6"); empty skips the stage."""
+    """Overrides that make the idea: values ("optimizer.lr=0.01", "model.n_layers=6") or other options of groups
+    ("model=moe", "experiment=my_idea"), for which the arm is composed again; empty skips the stage."""
     baseline: list[str] = field(default_factory=list)
     """Overrides of both arms (the baseline is the configured run with these)."""
     seeds: int = 3
@@ -220,7 +221,21 @@ class AblationConfig:
         bad = [item for item in list(node.idea) + list(node.baseline) if "=" not in str(item)]
         if bad:
             problems.append(f"{path}.idea/baseline hold {bad}, which are not key=value overrides: pass {path}.idea=[optimizer.lr=0.01]")
-        return problems
+        return problems + unknown_options(path, [str(item) for item in list(node.idea) + list(node.baseline) if "=" in str(item)])
+
+
+def unknown_options(path: str, overrides: list[str]) -> list[str]:
+    """Problems for overrides that choose an option a config group does not have (idea=[model=nope])."""
+    from currytrain.check.subruns import hydra_context
+
+    problems = []
+    with hydra_context() as (loader, _):
+        for override in overrides:
+            group, _, option = override.partition("=")
+            options = loader.get_group_options(group) if group.replace("/", "").isidentifier() else []
+            if options and option not in options:
+                problems.append(f"{path}.idea/baseline hold {override}: {group} has no option {option}; choose one of {options}")
+    return problems
 
 
 @dataclass
@@ -276,20 +291,29 @@ class ProbeStageConfig:
     _target_: str = "currytrain.check.probe_tasks.Probe"
     tasks: list[str] = field(default_factory=lambda: ["copy", "induction"])
     """Tasks of data=probe to train on, one run each: copy, recall, induction, parity, selective_copy."""
-    max_steps: int = 300
-    """Steps of each task's run."""
+    max_steps: int = 1000
+    """Steps of each task's run. The debug model copies after about 200 steps of 32 sequences; its induction
+    head forms between steps 300 and 500 (docs/ladder.md)."""
     num_symbols: int = 16
     """Alphabet of the tasks' content."""
+    seq_len: int | None = 32
+    """Tokens per task sequence, at most data.seq_len (null: data.seq_len). Short sequences train the mechanism
+    in fewer, cheaper steps; the debug model solves copy and induction at 32."""
+    overrides: list[str] = field(default_factory=list)
+    """Extra overrides of every task's run ("optimizer.lr=1e-2", "trainer.batch_size=64")."""
     eval_batches: int = 8
     """Val batches (of trainer.batch_size sequences) the accuracy is measured on."""
     min_accuracy: float = 0.9
     """Share of answer tokens right needed on every task (the gate)."""
+    gate: bool = True
+    """false: a task below min_accuracy warns instead of failing (check=ladder: a model may lack a mechanism on purpose)."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
         from currytrain.data.probe import TASKS
 
         problems = at_least(node, path, ("max_steps", "eval_batches")) + at_least(node, path, ("num_symbols",), minimum=2)
+        problems += at_least(node, path, ("seq_len",), minimum=8) if node.seq_len is not None else []
         unknown = [task for task in node.tasks if task not in TASKS]
         if unknown or not node.tasks:
             problems.append(f"{path}.tasks={list(node.tasks)} must be a non-empty subset of {list(TASKS)}: pass {path}.tasks=[copy,induction]")
@@ -367,7 +391,7 @@ class CapacityCheckConfig(LadderConfig):
 
 @dataclass
 class ProbeCheckConfig(LadderConfig):
-    """check=probe: the probe stage alone (not part of check=ladder: it trains one run per task)."""
+    """check=probe: the probe stage alone, copy and induction at the full budget (check=ladder runs copy only)."""
 
     stages: dict[str, Any] = field(default_factory=lambda: {"probe": ProbeStageConfig()})
 
@@ -381,19 +405,22 @@ class ScalingCheckConfig(LadderConfig):
 
 @dataclass
 class FullLadderConfig(LadderConfig):
-    """check=ladder: every stage that exists, in order. In the ladder the muP check warns rather than fails for a
-    model without muP, and the ablation runs only when check.stages.ablation.idea is given."""
+    """check=ladder: every stage, in order, at budgets that fit about 15 minutes on 2 shared CPU cores for the
+    debug model (docs/ladder.md has the measured times); each stage alone (check=seeds, ...) keeps its fuller
+    budget. In the ladder the muP check and the probe tasks warn rather than fail (a model may lack muP or a
+    mechanism on purpose), and the ablation runs only when check.stages.ablation.idea is given."""
 
     stages: dict[str, Any] = field(
         default_factory=lambda: {
             "skeleton": SkeletonConfig(),
             "preflight": PreflightConfig(),
             "sanity": SanityConfig(),
-            "lr_range": LRRangeConfig(),
+            "lr_range": LRRangeConfig(batch_size=8),
             "mup": MupCheckConfig(standard_fails=False),
-            "seeds": SeedsConfig(),
-            "ablation": AblationConfig(),
-            "capacity": CapacityConfig(),
-            "scaling": ScalingConfig(),
+            "seeds": SeedsConfig(max_steps=40),
+            "ablation": AblationConfig(max_steps=40),
+            "probe": ProbeStageConfig(tasks=["copy"], max_steps=150, gate=False),
+            "capacity": CapacityConfig(widths=[64, 128], budget_steps=20),
+            "scaling": ScalingConfig(widths=[32, 40, 48, 64, 96], max_steps=50),
         }
     )

@@ -62,7 +62,7 @@ def run_ladder(cfg: DictConfig, state: ParallelState, run_dir: Path, journal: Jo
     allow_modules(cfg.build.allow)  # user stages live in experiments/ or a build.allow package
     ladder = build(cfg.check)
     loggers = build_loggers(cfg.logger, run_dir, enabled=state.is_main)
-    ctx = StageContext(cfg, state, Path(run_dir), journal, loggers)
+    ctx = StageContext(cfg, state, Path(run_dir), journal, loggers, overrides=run_overrides(Path(run_dir)))
     try:
         results = ladder.climb(ctx)
     finally:
@@ -77,6 +77,15 @@ def run_ladder(cfg: DictConfig, state: ParallelState, run_dir: Path, journal: Jo
     if failed is not None:
         raise GateFailed(gate_message(failed, Path(run_dir) / REPORT))
     return results
+
+
+def run_overrides(run_dir: Path) -> list[str]:
+    """The command-line overrides in the run's journal header (none when the journal has no header)."""
+    from currytrain.journal import read_journal
+
+    journal = run_dir / "journal.jsonl"
+    records = read_journal(journal) if journal.is_file() else []
+    return list(records[0].get("overrides", [])) if records and records[0].get("type") == "header" else []
 
 
 def gate_message(result: StageResult, report: Path) -> str:

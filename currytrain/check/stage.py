@@ -87,6 +87,9 @@ class StageContext:
     loggers: MultiLogger = field(default_factory=lambda: MultiLogger([]))
     datasets: dict[str, Any] = field(default_factory=dict)
     """Data adapters built for sub-runs, by their data config: runs that differ elsewhere share one."""
+    overrides: list[str] = field(default_factory=list)
+    """The overrides the run was composed with (its journal header's): a sub-run that chooses another option
+    of a group (ablation's idea=[model=moe]) is composed again from these plus its own."""
 
     def build(self) -> Components:
         """Fresh components, built exactly as a training run builds them."""

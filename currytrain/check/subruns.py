@@ -8,6 +8,7 @@ journal gets one `subrun` event per sub-run. Checkpoints are deleted afterwards:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -52,9 +53,8 @@ class SubRun:
 
 def derive(cfg: DictConfig, overrides: list[str], replace: dict[str, Any] | None = None) -> DictConfig:
     """A copy of the resolved `cfg` with overrides ("optimizer.lr=1e-5", "+x.y=1") read by Hydra's own override
-    grammar, after the sub-run defaults. They set values; they cannot select another option of a group
-    (model=moe), which needs a composition: the stage's runs are variations of the composed run. `replace`
-    swaps whole nodes ({"data": {...}}) before the overrides apply."""
+    grammar, after the sub-run defaults. These set values; options of a group (model=moe) are chosen before,
+    by `recompose`. `replace` swaps whole nodes ({"data": {...}}) before the overrides apply."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     tree = OmegaConf.to_container(cfg, resolve=True)
@@ -73,6 +73,67 @@ def derive(cfg: DictConfig, overrides: list[str], replace: dict[str, Any] | None
 _MISSING = object()
 
 
+def group_choices(cfg: DictConfig, overrides: list[str]) -> list[str]:
+    """The overrides that choose an option of a config group (model=moe, model/size=tiny, experiment=my_idea)
+    rather than set a value: their key is no value of `cfg` and Hydra knows it as a group."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    candidates = [o for o in parsed if not o.is_add() and not o.is_delete() and not _is_value(cfg, o.key_or_group)]
+    if not candidates:
+        return []
+    with hydra_context() as (loader, _):
+        return [o.input_line for o in candidates if loader.get_group_options(o.key_or_group)]
+
+
+def _is_value(cfg: DictConfig, key: str) -> bool:
+    node = OmegaConf.select(cfg, key, default=_MISSING) if "/" not in key else _MISSING
+    return node is not _MISSING and not isinstance(node, DictConfig)
+
+
+def recompose(ctx: StageContext, overrides: list[str]) -> DictConfig:
+    """The run composed again by Hydra from its own overrides (ctx.overrides) plus `overrides`, which may choose
+    other options of groups (model=moe, experiment=my_idea). An unknown option raises ConfigError with
+    Hydra's message, which lists the valid ones (exit code 2)."""
+    from hydra import compose
+    from hydra.errors import HydraException
+
+    own = [o for o in ctx.overrides if not o.startswith(("hydra.", "hydra/"))]
+    with hydra_context() as (_, config_name):
+        try:
+            return compose(config_name=config_name, overrides=[*own, *overrides])
+        except HydraException as error:
+            message = str(error).split("\nConfig search path:")[0]
+            raise ConfigError(f"{' '.join(overrides)}: {message}") from None
+
+
+@contextlib.contextmanager
+def hydra_context():
+    """(config loader, root config name) of the running Hydra app (launch.py, or a project's app with its own
+    search path); outside one (a worker process of parallel.nproc > 1, a test), of curryTrain's conf/."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from currytrain.config import CONF_DIR, register_configs
+
+    if GlobalHydra.instance().is_initialized():
+        yield GlobalHydra.instance().config_loader(), HydraConfig.get().job.config_name if HydraConfig.initialized() else "config"
+        return
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        yield GlobalHydra.instance().config_loader(), "config"
+
+
+def arm_config(ctx: StageContext, overrides: list[str]) -> tuple[DictConfig, list[str]]:
+    """(the config a sub-run with `overrides` starts from, the overrides left for `derive`): the ladder's own
+    config when every override sets a value, else the run recomposed with the group choices among them."""
+    choices = group_choices(ctx.cfg, overrides)
+    if not choices:
+        return ctx.cfg, list(overrides)
+    return recompose(ctx, choices), [o for o in overrides if o not in choices]
+
+
 def train_subrun(
     ctx: StageContext,
     stage: str,
@@ -85,7 +146,8 @@ def train_subrun(
     return how it went; `measure(trainer)` runs on the trained model when the run finished."""
     from currytrain.trainer.trainer import Trainer
 
-    cfg = derive(ctx.cfg, overrides, replace)
+    base, values = arm_config(ctx, overrides)
+    cfg = derive(base, values, replace)
     path = Path(ctx.run_dir) / stage / name
     write_record(cfg, path, overrides, ctx.state.is_main, ctx.state.world_size)
     started = time.perf_counter()

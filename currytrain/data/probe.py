@@ -7,7 +7,8 @@ Token ids: 0 is the separator, 1 the query marker, 2 the noise token, symbols ar
 
   copy            x_1..x_k SEP x_1..x_k            answer: the second copy (needs attention to position i-k-1)
   recall          k_1 v_1 .. k_n v_n QUERY k_i v_i answer: v_i (associative recall)
-  induction       ... A B ... A B                  answer: the second B (an induction head: after A, what followed A)
+  induction       x_1..x_k NOISE.. x_1..x_k          answer: the repeat after its first token (an induction head: after
+                  (distinct x, random k and gap)   x_i, what followed x_i before; the random gap rules out an offset)
   parity          b_1..b_n SEP p                   answer: the parity of the bits (symbols 3 and 4)
   selective_copy  data tokens among noise, SEP, the data tokens in order   answer: the data tokens
 """
@@ -45,15 +46,13 @@ def _recall(g: torch.Generator, length: int, symbols: int) -> tuple[torch.Tensor
 
 
 def _induction(g: torch.Generator, length: int, symbols: int) -> tuple[torch.Tensor, torch.Tensor]:
-    a, b = (torch.randperm(symbols, generator=g)[:2] + FIRST_SYMBOL).tolist()
-    others = torch.randperm(symbols, generator=g)
-    filler = others[(others + FIRST_SYMBOL != a)][: symbols - 1] + FIRST_SYMBOL  # every symbol but A
-    body = filler[torch.randint(len(filler), (length - 2,), generator=g)]
-    where = int(torch.randint(0, length - 6, (1,), generator=g))
-    body[where], body[where + 1] = a, b
-    seq = torch.cat([body, torch.tensor([a, b])])
+    most = max(2, min(symbols, length // 2))
+    k = int(torch.randint(min(max(2, length // 4), most), most + 1, (1,), generator=g))
+    segment = torch.randperm(symbols, generator=g)[:k] + FIRST_SYMBOL  # distinct: each token says where it was
+    gap = int(torch.randint(length - 2 * k + 1, (1,), generator=g))  # random offset: no positional shortcut
+    seq = torch.cat([torch.full((length - 2 * k - gap,), NOISE), segment, torch.full((gap,), NOISE), segment])
     answers = torch.zeros(len(seq), dtype=torch.bool)
-    answers[-1] = True
+    answers[len(seq) - k + 1 :] = True  # the repeat after its first token: what followed this token before
     return seq, answers
 
 
