@@ -76,6 +76,8 @@ def launch_workers(resolved_path: Path, nproc: int) -> float:
         monitor_interval=0.1,
         start_method="spawn",
         shutdown_timeout=1,  # after one worker failed, the others get 1 s to exit before SIGKILL
+        # SIGINT and SIGTERM are this launcher's (_stop_file_for_signals): the workers stop after a checkpoint.
+        signals_to_handle="SIGHUP,SIGQUIT",
         logs_specs=_run_folder_logs(run_dir / WORKERS_DIR),
     )
     try:
@@ -119,20 +121,18 @@ def _stop_file_for_signals(stop_file: Path) -> Iterator[None]:
         stop_file.write_text(signal.Signals(signum).name)
         log.warning("%s received: the workers stop after their next log step, with a checkpoint (again to stop them at once)", signal.Signals(signum).name)
 
-    # torch's agent handles SIGINT and SIGTERM itself (stopping the workers at once) unless told otherwise.
-    saved_env = {key: os.environ.get(key) for key in ("TORCHELASTIC_SIGNALS_TO_HANDLE", STOP_FILE_ENV)}
-    os.environ.update(TORCHELASTIC_SIGNALS_TO_HANDLE="SIGHUP,SIGQUIT", **{STOP_FILE_ENV: str(stop_file)})
+    saved = os.environ.get(STOP_FILE_ENV)
+    os.environ[STOP_FILE_ENV] = str(stop_file)  # the workers inherit it
     previous = {signum: signal.signal(signum, note) for signum in STOP_SIGNALS}
     try:
         yield
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        if saved is None:
+            os.environ.pop(STOP_FILE_ENV, None)
+        else:
+            os.environ[STOP_FILE_ENV] = saved
         stop_file.unlink(missing_ok=True)
 
 
@@ -187,7 +187,8 @@ def _leave(error: BaseException, outcome_file: Path) -> None:
     if isinstance(error, Outcome):
         signum = {"signum": int(error.signum)} if isinstance(error, Interrupted) else {}
         outcome_file.write_text(json.dumps({"error": type(error).__name__, "message": str(error), **signum}))
-    traceback.print_exception(error)
+    if not isinstance(error, Interrupted):  # a stop the ranks agreed on is no error: the launcher says it once
+        traceback.print_exception(error)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(exit_code_of(error))
