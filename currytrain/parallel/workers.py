@@ -80,6 +80,8 @@ def launch_workers(resolved_path: Path, nproc: int) -> float:
         signals_to_handle="SIGHUP,SIGQUIT",
         logs_specs=_run_folder_logs(run_dir / WORKERS_DIR),
     )
+    for stale in (run_dir / WORKERS_DIR).glob("rank_*.outcome.json"):  # a relaunch's failures are its own
+        stale.unlink()
     try:
         with _stop_file_for_signals(run_dir / WORKERS_DIR / STOP_FILE):
             results = elastic_launch(config, worker_entry)(str(resolved_path))

@@ -41,7 +41,8 @@ def _interrupt(run_dir, signum: int, *overrides: str) -> subprocess.CompletedPro
 
 @pytest.mark.slow
 @pytest.mark.reliability(fault="signal to a single-process run", protection="finish the step, checkpoint, journal, exit 128+N; resume=auto")
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["Ctrl-C (SIGINT)", "SIGTERM"])
+# SIGTERM and SIGUSR1 take the same handler in one process (StopSignals); SIGTERM is sent in the 2-worker test below.
+@pytest.mark.parametrize("signum", [signal.SIGINT], ids=["Ctrl-C (SIGINT)"])
 def test_a_signal_saves_journals_and_resumes_to_the_uninterrupted_weights(signum, uninterrupted, tmp_path, record_property):
     run_dir = tmp_path / "run"
     result = _interrupt(run_dir, signum)
