@@ -30,7 +30,7 @@ def _interrupt(run_dir, signum: int, *overrides: str) -> subprocess.CompletedPro
     """Start the run, send `signum` once its journal shows step 2, and wait for it to end."""
     args = [sys.executable, str(ROOT / "launch.py"), *TINY, *RUN, SLOW, *overrides, f"hydra.run.dir={run_dir}"]
     process = subprocess.Popen(args, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + 600  # a loaded machine can take minutes to start workers
     while not any(event["type"] == "metrics" and event["step"] >= 2 for event in _journal(run_dir)):
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
         time.sleep(0.05)
