@@ -27,6 +27,7 @@ class Logger(Protocol):
         ...
 
 
+@runtime_checkable
 class Restartable(Protocol):
     """A backend that can forget what it logged after a step: a resumed (or rolled-back) run re-runs the
     steps past its checkpoint, and the re-run's values must replace the earlier ones, not join them."""
@@ -59,7 +60,7 @@ class MultiLogger:
     def restarted(self, step: int) -> None:
         """The run continues from a checkpoint of `step`: the backends that can drop what they logged after it."""
         for logger in self.loggers:
-            if hasattr(logger, "restarted"):
+            if isinstance(logger, Restartable):
                 logger.restarted(step)
 
     def close(self, status: str = "finished") -> None:
