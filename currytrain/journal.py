@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import platform
 import socket
 import subprocess
@@ -136,24 +137,59 @@ def read_journal(path: Path) -> list[dict]:
     return records
 
 
+RESTARTS = ("resume", "rollback")
+"""Events after which a run re-runs the steps past the checkpoint it loaded (the event's step)."""
+CURVES = ("metrics", "eval")
+
+
+def superseded(records: list[dict]) -> set[int]:
+    """Indexes of the metrics and eval records a later resume or rollback re-ran: a record of step s is
+    superseded when a later restart went back to a checkpoint before s (the re-run's values win)."""
+    limit, stale = math.inf, set()
+    for index in range(len(records) - 1, -1, -1):
+        record = records[index]
+        kind, step = record.get("type"), record.get("step")
+        if not isinstance(step, int):
+            continue
+        if kind in RESTARTS:
+            limit = min(limit, step)
+        elif kind in CURVES and step > limit:
+            stale.add(index)
+    return stale
+
+
+def current(records: list[dict]) -> list[dict]:
+    """The records with each step's metrics and eval once, as the run stands: the values of the last
+    segment that ran the step (steps re-run after a resume or rollback appear once)."""
+    stale = superseded(records)
+    return [record for index, record in enumerate(records) if index not in stale]
+
+
 def timeline(records: list[dict]) -> list[str]:
-    """A readable account of a journal: one line per event, runs of `metrics` folded into one line."""
+    """A readable account of a journal: one line per event, runs of `metrics` folded into one line (which
+    says how many of them a later resume re-ran: the curves keep the re-run's values)."""
     lines: list[str] = []
     start = None
     metrics: list[dict] = []
+    stale = superseded(records)
+    rerun = 0
 
     def flush() -> None:
+        nonlocal rerun
         if metrics:
             first, last = metrics[0], metrics[-1]
+            note = f", {rerun} re-run later" if rerun else ""
             lines.append(
-                f"{'':>9}  metrics   steps {first['step']}-{last['step']} ({len(metrics)} records), train loss {first.get('train/loss', float('nan')):.4f} -> {last.get('train/loss', float('nan')):.4f}"
+                f"{'':>9}  metrics   steps {first['step']}-{last['step']} ({len(metrics)} records{note}), train loss {first.get('train/loss', float('nan')):.4f} -> {last.get('train/loss', float('nan')):.4f}"
             )
             metrics.clear()
+            rerun = 0
 
-    for record in records:
+    for index, record in enumerate(records):
         kind = record.get("type", "?")
         if kind == "metrics":
             metrics.append(record)
+            rerun += index in stale
             continue
         flush()
         when = dt.datetime.fromisoformat(record["time"]) if "time" in record else None

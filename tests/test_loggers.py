@@ -38,6 +38,30 @@ def test_tensorboard_holds_the_curves_the_config_and_histograms(tmp_path):
     assert {"config/text_summary", "journal_header/text_summary"} <= set(events.Tags()["tensors"])
 
 
+def test_a_resume_replaces_the_re_run_steps_in_tensorboard_and_metrics_jsonl(tmp_path):
+    """A run logged steps 1-5, died, and resumed from its step-2 checkpoint: the store readers see steps
+    3-5 once, with the re-run's values (TensorBoard through purge_step, metrics.jsonl rewritten)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from currytrain.logger.jsonl import JsonlLogger
+    from currytrain.logger.tensorboard import TensorBoardLogger
+
+    for make in (lambda: TensorBoardLogger(str(tmp_path), flush_secs=1), lambda: JsonlLogger(str(tmp_path))):
+        first = make()
+        for step in range(1, 6):
+            first.log_metrics({"train/loss": float(step)}, step)
+        first.close("failed")
+        second = make()
+        second.restarted(2)
+        for step in range(3, 7):
+            second.log_metrics({"train/loss": 10.0 * step}, step)
+        second.close()
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"scalars": 0}).Reload()
+    expected = [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0), (5, 50.0), (6, 60.0)]
+    assert [(event.step, event.value) for event in events.Scalars("train/loss")] == expected
+    assert sorted(_jsonl_curve(tmp_path).items()) == expected
+
+
 def test_tensorboard_logger_writes_histograms_and_text(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

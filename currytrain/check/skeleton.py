@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from currytrain.build import targets
+from currytrain.build import target_problem, targets
 from currytrain.check.probes import eval_mode, expected_shapes, get_batch, num_classes
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status, probe
 from currytrain.components import Components
@@ -37,7 +37,11 @@ def origins(cfg: DictConfig) -> list[tuple[str, str, str]]:
     from hydra.utils import get_object
 
     rows = []
+    allowed = cfg.build.allow if "build" in cfg else ()
     for key, target in targets(cfg):
+        if (problem := target_problem(target, allowed)) is not None:  # never import what build() would not
+            rows.append((key, target, f"? ({problem})"))
+            continue
         try:
             source = inspect.getsourcefile(get_object(target)) or "?"
         except (TypeError, ImportError, AttributeError) as error:

@@ -192,11 +192,11 @@ def write_record(cfg: DictConfig, path: Path, overrides: list[str], enabled: boo
 
 def tail_train_loss(path: Path, share: float = 0.1) -> float:
     """Mean train loss over the last `share` of the journaled steps (nan without any)."""
-    from currytrain.journal import read_journal
+    from currytrain.journal import current, read_journal
 
     journal = path / "journal.jsonl"
     if not journal.is_file():
         return math.nan
-    losses = [r["train/loss"] for r in read_journal(journal) if r.get("type") == "metrics" and "train/loss" in r]
+    losses = [r["train/loss"] for r in current(read_journal(journal)) if r.get("type") == "metrics" and "train/loss" in r]
     tail = losses[-max(1, int(len(losses) * share)) :]
     return sum(tail) / len(tail) if tail else math.nan

@@ -27,6 +27,14 @@ class Logger(Protocol):
         ...
 
 
+@runtime_checkable
+class Restartable(Protocol):
+    """A backend that can forget what it logged after a step: a resumed (or rolled-back) run re-runs the
+    steps past its checkpoint, and the re-run's values must replace the earlier ones, not join them."""
+
+    def restarted(self, step: int) -> None: ...
+
+
 class MultiLogger:
     """Forwards every call to each backend, in the order they were configured."""
 
@@ -48,6 +56,12 @@ class MultiLogger:
     def log_histogram(self, name: str, values: Any, step: int) -> None:
         for logger in self.loggers:
             logger.log_histogram(name, values, step)
+
+    def restarted(self, step: int) -> None:
+        """The run continues from a checkpoint of `step`: the backends that can drop what they logged after it."""
+        for logger in self.loggers:
+            if isinstance(logger, Restartable):
+                logger.restarted(step)
 
     def close(self, status: str = "finished") -> None:
         for logger in self.loggers:

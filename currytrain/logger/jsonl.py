@@ -5,6 +5,7 @@ histograms are ignored."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,15 @@ class JsonlLogger:
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self.file.write(json.dumps({"step": step, **{k: float(v) for k, v in metrics.items()}}) + "\n")
 
+    def restarted(self, step: int) -> None:
+        """Drop the lines of steps after `step` (a resume re-runs them), replacing the file atomically."""
+        self.file.close()
+        kept = [line for line in self.path.read_text().splitlines(keepends=True) if _step_of(line) <= step]
+        partial = self.path.with_name(self.path.name + ".partial")
+        partial.write_text("".join(line if line.endswith("\n") else line + "\n" for line in kept))
+        os.replace(partial, self.path)
+        self.file = self.path.open("a", buffering=1)
+
     def log_config(self, config: Mapping) -> None:
         pass  # the journal header and resolved.yaml already hold the config
 
@@ -32,3 +42,11 @@ class JsonlLogger:
 
     def close(self, status: str = "finished") -> None:
         self.file.close()
+
+
+def _step_of(line: str) -> float:
+    """A metrics line's step; a line cut short by a killed process counts as after every step (dropped)."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return float("inf")

@@ -12,8 +12,16 @@ class TensorBoardLogger:
     def __init__(self, run_dir: str, subdir: str = "tb", flush_secs: int = 30):
         from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: keep it off the config path
 
-        self.log_dir = Path(run_dir) / subdir
+        self.log_dir, self.flush_secs = Path(run_dir) / subdir, flush_secs
         self.writer = SummaryWriter(log_dir=str(self.log_dir), flush_secs=flush_secs)
+
+    def restarted(self, step: int) -> None:
+        """A resume re-runs the steps after `step`: a new event file with purge_step=step+1, so TensorBoard
+        discards the earlier values of those steps and shows the re-run's."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer.close()
+        self.writer = SummaryWriter(log_dir=str(self.log_dir), flush_secs=self.flush_secs, purge_step=step + 1)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         for name, value in metrics.items():

@@ -82,6 +82,14 @@ class ParallelState:
         dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.view(role).get_group())
         return total / self.view(role).size()
 
+    def max_over_world(self, value: int) -> int:
+        """The largest of every rank's `value` (every rank gets it); `value` for one process."""
+        if self.mesh is None:
+            return value
+        flag = torch.tensor([value], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag.item())
+
     def gather(self, value: Any) -> list[Any]:
         """`value` from every rank of the job, in rank order (a picklable object); [value] for one process."""
         if self.mesh is None:

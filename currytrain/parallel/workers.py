@@ -14,12 +14,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import signal
 import sys
+import threading
 import traceback
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -73,21 +76,66 @@ def launch_workers(resolved_path: Path, nproc: int) -> float:
         monitor_interval=0.1,
         start_method="spawn",
         shutdown_timeout=1,  # after one worker failed, the others get 1 s to exit before SIGKILL
+        # SIGINT and SIGTERM are this launcher's (_stop_file_for_signals): the workers stop after a checkpoint.
+        signals_to_handle="SIGHUP,SIGQUIT",
         logs_specs=_run_folder_logs(run_dir / WORKERS_DIR),
     )
+    for stale in (run_dir / WORKERS_DIR).glob("rank_*.outcome.json"):  # a relaunch's failures are its own
+        stale.unlink()
     try:
-        results = elastic_launch(config, worker_entry)(str(resolved_path))
+        with _stop_file_for_signals(run_dir / WORKERS_DIR / STOP_FILE):
+            results = elastic_launch(config, worker_entry)(str(resolved_path))
     except ChildFailedError as error:
         raise _outcome_of(run_dir, error.failures) from None
-    except SignalException as error:  # Ctrl-C or SIGTERM to the launcher: the agent stopped the workers
+    except SignalException as error:  # a second signal (or SIGHUP, SIGQUIT) to the launcher: the agent stopped the workers
         name = signal.Signals(error.sigval).name
         Journal(run_dir / "journal.jsonl").event("interrupted", signal=name, checkpoint=None, by="launcher")
         raise Interrupted(
-            f"stopped by {name}: the workers were stopped without a checkpoint (a multi-process run saves on trainer.checkpoint_every only); "
-            "continue from the newest with trainer.resume=auto",
+            f"stopped by {name}: the workers were stopped at once, without a checkpoint; continue from the newest with trainer.resume=auto",
             error.sigval,
         ) from None
     return results[0]
+
+
+STOP_FILE = "stop"
+"""workers/stop: the stop signal the launcher received, for its workers to agree on a step to stop after."""
+
+
+@contextlib.contextmanager
+def _stop_file_for_signals(stop_file: Path) -> Iterator[None]:
+    """While the workers run, the first SIGINT, SIGTERM or SIGUSR1 to this launcher is written into
+    `stop_file` (its name) instead of stopping the workers: they read it at their next fetch step, agree on
+    it (Trainer.agreed_stop), save a checkpoint and exit 128+N. A second one stops them at once (torch's
+    agent then sends them that signal). Elsewhere than in the main thread, signals keep their handlers."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from currytrain.trainer.signals import STOP_FILE_ENV, STOP_SIGNALS
+
+    stop_file.parent.mkdir(parents=True, exist_ok=True)
+    stop_file.unlink(missing_ok=True)  # a relaunch into this folder must not find the last one's
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def note(signum: int, frame: object) -> None:
+        if stop_file.exists():
+            raise SignalException(f"{signal.Signals(signum).name} received twice: stopping the workers now", sigval=signal.Signals(signum))
+        stop_file.write_text(signal.Signals(signum).name)
+        log.warning("%s received: the workers stop after their next log step, with a checkpoint (again to stop them at once)", signal.Signals(signum).name)
+
+    saved = os.environ.get(STOP_FILE_ENV)
+    os.environ[STOP_FILE_ENV] = str(stop_file)  # the workers inherit it
+    previous = {signum: signal.signal(signum, note) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if saved is None:
+            os.environ.pop(STOP_FILE_ENV, None)
+        else:
+            os.environ[STOP_FILE_ENV] = saved
+        stop_file.unlink(missing_ok=True)
 
 
 def _run_folder_logs(folder: Path) -> Any:
@@ -139,8 +187,10 @@ def _leave(error: BaseException, outcome_file: Path) -> None:
     exits 2). The process exits without interpreter teardown: with a peer gone, tearing down torch and the
     process group can take seconds, and the agent stops the other workers only once this one is gone."""
     if isinstance(error, Outcome):
-        outcome_file.write_text(json.dumps({"error": type(error).__name__, "message": str(error)}))
-    traceback.print_exception(error)
+        signum = {"signum": int(error.signum)} if isinstance(error, Interrupted) else {}
+        outcome_file.write_text(json.dumps({"error": type(error).__name__, "message": str(error), **signum}))
+    if not isinstance(error, Interrupted):  # a stop the ranks agreed on is no error: the launcher says it once
+        traceback.print_exception(error)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(exit_code_of(error))
@@ -151,6 +201,11 @@ def _outcome_of(run_dir: Path, failures: dict[int, Any]) -> Outcome:
     it caused in the other ranks), or, if a rank raised a typed outcome, the earliest such one."""
     order = sorted(failures, key=lambda rank: (failures[rank].timestamp, failures[rank].exitcode >= 0, rank))
     first = order[0]
+    # A stop signal the workers agreed on: each saved, rank 0 journaled it; not a failure.
+    outcome_file = run_dir / WORKERS_DIR / f"rank_{first}.outcome.json"
+    record = json.loads(outcome_file.read_text()) if outcome_file.exists() else {}
+    if record.get("error") == "Interrupted":
+        return Interrupted(record["message"], record["signum"])
     fields = {rank: {"exitcode": failures[rank].exitcode, "signal": failures[rank].signal_name(), "pid": failures[rank].pid} for rank in order}
     journal = Journal(run_dir / "journal.jsonl")
     stderr = run_dir / WORKERS_DIR / f"rank_{first}.stderr"

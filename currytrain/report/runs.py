@@ -10,7 +10,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from currytrain.errors import ConfigError
-from currytrain.journal import flatten, read_journal
+from currytrain.journal import current, flatten, read_journal
 from currytrain.weights import RESOLVED
 
 JOURNAL = "journal.jsonl"
@@ -48,11 +48,12 @@ class Run:
         return float(finish["val_loss"]) if finish else math.nan
 
     def curve(self, name: str) -> tuple[list[int], list[float]]:
-        points = [(r["step"], r[name]) for r in self.records if r.get("type") == "metrics" and name in r]
+        """Each step's value once: a step re-run after a resume or rollback has the re-run's."""
+        points = [(r["step"], r[name]) for r in current(self.records) if r.get("type") == "metrics" and name in r]
         return [s for s, _ in points], [v for _, v in points]
 
     def evals(self) -> tuple[list[int], list[float]]:
-        points = [(r["step"], r["val_loss"]) for r in self.records if r.get("type") == "eval"]
+        points = [(r["step"], r["val_loss"]) for r in current(self.records) if r.get("type") == "eval"]
         return [s for s, _ in points], [v for _, v in points]
 
     def experiment_key(self) -> tuple:

@@ -2,22 +2,47 @@
 schedulers send before they end a job) and SIGUSR1 (SLURM's `--signal=USR1@<seconds>` warning) are noted,
 the step in progress finishes, and the Trainer saves a checkpoint and stops (Trainer.stop_on_signal).
 
-Only a single-process run handles them here. Workers started by torch's elastic agent are stopped by the
-agent with SIGTERM when a peer fails, perhaps inside a collective, where a Python handler would never run;
-they keep the default actions (currytrain.parallel.workers).
+A single-process run handles all three here and stops after the step in progress, with no collective
+and no host sync added to any step.
+
+In a multi-worker run the ranks must stop after the same step, since saving is collective. Each rank
+notes what it received (SIGINT: Ctrl-C reaches every process of the terminal; SIGUSR1), and the launcher of
+`parallel.nproc=N` writes the signal it received into a stop file (STOP_FILE_ENV names it); at each fetch
+step (a log, eval or checkpoint step) the ranks all-reduce (max) the signal each has seen, so they agree on
+the step to stop after. Workers keep SIGTERM's default action: torch's elastic agent stops the workers of a
+failed peer with SIGTERM, perhaps while they wait inside a collective, where a Python handler would never
+run; a SIGTERM for the whole run goes to the launcher (currytrain.parallel.workers).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+WORKER_SIGNALS = (signal.SIGINT, signal.SIGUSR1)
+"""What a worker of a multi-worker run handles itself (SIGTERM stays the elastic agent's way to stop it)."""
+STOP_FILE_ENV = "CURRYTRAIN_STOP_FILE"
+"""The file the launcher of the workers writes a stop signal's name into (set by the launcher for its workers)."""
+
+
+def stop_file_signal() -> signal.Signals | None:
+    """The signal the launcher of this worker received, from its stop file; None when it received none."""
+    path = os.environ.get(STOP_FILE_ENV)
+    if not path:
+        return None
+    try:
+        name = Path(path).read_text().strip()
+    except FileNotFoundError:
+        return None
+    return signal.Signals[name] if name in signal.Signals.__members__ else signal.SIGTERM
 
 
 class StopSignals:
@@ -27,12 +52,12 @@ class StopSignals:
         self.received: signal.Signals | None = None
 
     @contextlib.contextmanager
-    def installed(self, enabled: bool = True) -> Iterator[StopSignals]:
-        if not enabled or threading.current_thread() is not threading.main_thread():
+    def installed(self, signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> Iterator[StopSignals]:
+        if not signals or threading.current_thread() is not threading.main_thread():
             yield self
             return
-        previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
-        for signum in STOP_SIGNALS:
+        previous = {signum: signal.getsignal(signum) for signum in signals}
+        for signum in signals:
             signal.signal(signum, self._note)
         try:
             yield self

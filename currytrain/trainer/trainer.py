@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 import time
 import warnings
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ from currytrain.parallel.state import ParallelState, resolve_device
 from currytrain.trainer.heartbeat import Heartbeat
 from currytrain.trainer.hooks import Action, Decision, StepHook, decide
 from currytrain.trainer.progress import Progress
-from currytrain.trainer.signals import StopSignals
+from currytrain.trainer.signals import STOP_SIGNALS, WORKER_SIGNALS, StopSignals, stop_file_signal
 from currytrain.trainer.step import DeviceStep, accumulated_step, causal_lm_loss, fetch_steps, full
 from currytrain.weights import checkpoint_candidates, checkpoint_problem
 
@@ -112,12 +113,12 @@ class Trainer:
         log.info("model: %.2fM parameters on %s; %d tokens per step", num_params / 1e6, self.state.device, self.tokens_per_step)
         started = self.fetched_at = time.perf_counter()
         progress = Progress(self.cfg.max_steps, self.step, enabled=self.cfg.progress and self.state.is_main)
-        with progress, self.stop_signals.installed(enabled=self.state.world_size == 1):
+        with progress, self.stop_signals.installed(STOP_SIGNALS if self.state.world_size == 1 else WORKER_SIGNALS):
             while self.step < self.cfg.max_steps:
                 metrics = self.train_step()
                 progress.update(self.step, metrics["train/loss"], metrics["train/tokens_per_s"])
-                if self.stop_signals.received is not None:
-                    self.stop_on_signal(self.stop_signals.received)
+                if (signum := self.agreed_stop()) is not None:
+                    self.stop_on_signal(signum)
         val_loss = self.evaluate()
         seconds = time.perf_counter() - started
         if not math.isfinite(val_loss):
@@ -258,6 +259,7 @@ class Trainer:
                 group["lr"] *= lr_scale
         fields = {"from_step": from_step, "path": str(path), "reason": reason, "data_offset": self.train_state.data_offset, "lr_scale": lr_scale}
         self.journal.event("rollback", step=self.step, **fields)
+        self.loggers.restarted(self.step)
         log.warning("rolled back from step %d to %s: %s", from_step, path, reason)
 
     @torch.no_grad()
@@ -293,6 +295,18 @@ class Trainer:
         self.saved_step = self.step
         self.journal.event("checkpoint", step=self.step, path=str(path.relative_to(self.run_dir)))
         return path
+
+    def agreed_stop(self) -> signal.Signals | None:
+        """The stop signal the run stops on after this step, if any. One process: the one it received (no
+        collective, no host sync). Several: only at fetch steps, where the ranks all-reduce (max) the signal
+        each has seen, so that all stop after the same step (see currytrain.trainer.signals)."""
+        if self.state.world_size == 1:
+            return self.stop_signals.received
+        if not self.is_fetch_step(self.step):
+            return None
+        mine = self.stop_signals.received or stop_file_signal()
+        agreed = self.state.max_over_world(int(mine or 0))
+        return signal.Signals(agreed) if agreed else None
 
     def stop_on_signal(self, signum) -> None:
         """A stop signal arrived during this step: save (unless this step just did, or
@@ -334,6 +348,7 @@ class Trainer:
             raise ConfigError(f"trainer.resume={self.cfg.resume} holds no complete checkpoint: pass trainer.resume=auto or a checkpoint folder")
         self.checkpointer.load(path, self.train_state)
         self.journal.event("resume", step=self.step, path=str(path))
+        self.loggers.restarted(self.step)  # the steps after the checkpoint run again: their new values win
         log.info("resumed from %s at step %d", path, self.step)
         return True
 
