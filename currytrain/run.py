@@ -85,7 +85,7 @@ def start_workers(cfg: DictConfig, resolved_path: Path) -> float:
     elif workers.under_torchrun():
         workers.publish_run_dir(resolved_path.parent)
     elif cfg.parallel.nproc > 1:
-        return workers.launch_workers(resolved_path, cfg.parallel.nproc)
+        return workers.launch_workers(resolved_path, cfg.parallel.nproc, cfg.parallel.hang_timeout)
     return run_worker(resolved_path)
 
 

@@ -59,10 +59,16 @@ class ParallelConfig:
     optimizer and the precision (32-true, bf16-mixed) and runs the backward; data parallel only (zero_stage 0)."""
     backend: str = "auto"
     """Process-group backend: auto (nccl on CUDA, gloo on CPU), gloo or nccl."""
+    hang_timeout: float = 1800.0
+    """Seconds without a heartbeat from any worker (parallel.nproc > 1) after which the launcher declares the run
+    hung: it journals `worker_hung` naming the rank the others wait for, stops every worker and fails the run.
+    0 turns it off. The default is torch's own collective timeout."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
         problems = [] if node.nproc >= 1 else [f"{path}.nproc={node.nproc} must be >= 1: pass {path}.nproc=1 (or the number of workers to start)"]
+        if node.hang_timeout < 0:
+            problems.append(f"{path}.hang_timeout={node.hang_timeout} must be >= 0: pass {path}.hang_timeout=1800 (seconds; 0 turns the watch off)")
         if node.zero_stage not in ZERO_STAGES:
             problems.append(f"{path}.zero_stage={node.zero_stage} is not one of {list(ZERO_STAGES)}: pass parallel=ddp|zero1|zero2|fsdp")
         if node.runtime not in RUNTIMES:

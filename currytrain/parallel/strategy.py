@@ -54,8 +54,9 @@ class Parallel:
         zero_stage: int = 0,
         runtime: str = "torch",
         backend: str = "auto",
+        hang_timeout: float = 1800.0,
     ):
-        """The fields of ParallelConfig (see there)."""
+        """The fields of ParallelConfig (see there); hang_timeout is the launcher's (HangWatch), not used here."""
         self.nproc = nproc
         self.degrees = {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "cp": cp, "tp": tp, "pp": pp, "ep": ep}
         self.pp_schedule, self.pp_split = pp_schedule, list(pp_split) if pp_split else None

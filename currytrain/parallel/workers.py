@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Iterator
 from datetime import timedelta
@@ -53,8 +54,9 @@ def worker_threads() -> int:
 # ------------------------------------------------------------------------------------- parallel.nproc=N
 
 
-def launch_workers(resolved_path: Path, nproc: int) -> float:
-    """Run `nproc` workers on this machine and return rank 0's final val loss; raise the failed rank's outcome."""
+def launch_workers(resolved_path: Path, nproc: int, hang_timeout: float = 0.0) -> float:
+    """Run `nproc` workers on this machine and return rank 0's final val loss; raise the failed rank's outcome.
+    hang_timeout (parallel.hang_timeout): seconds without any worker's heartbeat before HangWatch stops them."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -82,10 +84,13 @@ def launch_workers(resolved_path: Path, nproc: int) -> float:
     )
     for stale in (run_dir / WORKERS_DIR).glob("rank_*.outcome.json"):  # a relaunch's failures are its own
         stale.unlink()
+    watch = HangWatch(run_dir, hang_timeout)
     try:
-        with _stop_file_for_signals(run_dir / WORKERS_DIR / STOP_FILE):
+        with _stop_file_for_signals(run_dir / WORKERS_DIR / STOP_FILE), watch:
             results = elastic_launch(config, worker_entry)(str(resolved_path))
     except ChildFailedError as error:
+        if watch.verdict is not None:  # the watch stopped them: its verdict, not the SIGKILLs it sent
+            raise RunFailed(watch.verdict) from None
         raise _outcome_of(run_dir, error.failures) from None
     except SignalException as error:  # a second signal (or SIGHUP, SIGQUIT) to the launcher: the agent stopped the workers
         name = signal.Signals(error.sigval).name
@@ -95,6 +100,52 @@ def launch_workers(resolved_path: Path, nproc: int) -> float:
             error.sigval,
         ) from None
     return results[0]
+
+
+class HangWatch:
+    """Watches the workers' heartbeats (currytrain/trainer/heartbeat.py) from the launcher. When none of this
+    launch's workers has beaten for `timeout` seconds, the run is hung: every rank waits in a collective for
+    the one furthest behind. The watch journals `worker_hung` naming that rank, and SIGKILLs every worker, so
+    that the agent ends the run and no process is left behind. timeout 0: no watch."""
+
+    def __init__(self, run_dir: Path, timeout: float):
+        self.run_dir, self.timeout = run_dir, timeout
+        self.verdict: str | None = None
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self.watch, name="currytrain-hang-watch", daemon=True)
+
+    def __enter__(self) -> HangWatch:
+        self.started = time.time()  # beats older than this are a previous launch's (a resume into the folder)
+        if self.timeout > 0:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        if self.thread.is_alive():
+            self.thread.join()
+
+    def watch(self) -> None:
+        from currytrain.trainer.heartbeat import PHASE_WORDS, progress, read_heartbeats
+
+        while not self.stopped.wait(min(5.0, self.timeout / 4)):
+            beats = {rank: beat for rank, beat in read_heartbeats(self.run_dir).items() if beat.get("time", 0) >= self.started}
+            if not beats or time.time() - max(beat["time"] for beat in beats.values()) < self.timeout:
+                continue
+            rank = min(beats, key=lambda r: (progress(beats[r]), r))
+            beat = beats[rank]
+            waited = round(time.time() - beat["time"], 1)
+            self.verdict = (
+                f"the run hung: rank {rank} stopped at step {beat['step']}, {PHASE_WORDS.get(beat['phase'], beat['phase'])}, "
+                f"and no worker has moved for {waited} s (parallel.hang_timeout={self.timeout:g}), so every worker was stopped. "
+                f"See workers/rank_{rank}.stderr and `currytrain diagnose`; continue with trainer.resume=auto"
+            )
+            Journal(self.run_dir / "journal.jsonl").event("worker_hung", rank=rank, step=beat["step"], phase=beat["phase"], seconds=waited)
+            log.error("%s", self.verdict)
+            for other in beats.values():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(other["pid"], signal.SIGKILL)
+            return
 
 
 STOP_FILE = "stop"
