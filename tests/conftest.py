@@ -35,17 +35,18 @@ TINY = [
 ]
 
 
+def compose_tiny(*overrides: str, tiny: bool = True):
+    """The composed root config, TINY overrides applied first (module-scoped fixtures call it directly)."""
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=[*(TINY if tiny else []), *overrides])
+
+
 @pytest.fixture
 def compose_cfg():
     """compose_cfg(*overrides) -> the composed root config, TINY overrides applied first."""
-    register_configs()
-
-    def _compose(*overrides: str, tiny: bool = True):
-        GlobalHydra.instance().clear()
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            return compose(config_name="config", overrides=[*(TINY if tiny else []), *overrides])
-
-    yield _compose
+    yield compose_tiny
     GlobalHydra.instance().clear()
 
 

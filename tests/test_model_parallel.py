@@ -9,12 +9,10 @@ import math
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from test_parallel import assert_same_curve, curve, run_two_workers, single, write_resolved
 
-from conftest import CONF, TINY
-from currytrain.config import register_configs
+from conftest import compose_tiny
 from currytrain.journal import read_journal
 from currytrain.validate import validate
 
@@ -43,13 +41,7 @@ def final_val(run_dir) -> float:
 def tp_runs(tmp_path_factory):
     """One 2-worker launch trains tp@2 from scratch, tp@2 resumed from a one-process checkpoint, ep@2 (model=moe) and cp@2;
     one-process runs give the references and then resume from tp@2's and ep@2's checkpoints."""
-    register_configs()
-
-    def compose_cfg(*overrides):
-        GlobalHydra.instance().clear()
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            return compose(config_name="config", overrides=[*TINY, *overrides])
-
+    compose_cfg = compose_tiny
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("tp")

@@ -8,13 +8,11 @@ import math
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from test_model_parallel import final_val, grad_norms
 from test_parallel import assert_same_curve, curve, run_two_workers, single, write_resolved
 
-from conftest import CONF, TINY
-from currytrain.config import register_configs
+from conftest import compose_tiny
 from currytrain.journal import read_journal
 
 STEPS = 10
@@ -40,13 +38,7 @@ SCHEDULES = {
 def pp_runs(tmp_path_factory):
     """One 2-worker launch trains pp@2 under each schedule, and resumes pp@2 from a one-process checkpoint; one
     process gives the reference and then resumes from 1f1b's checkpoint."""
-    register_configs()
-
-    def compose_cfg(*overrides):
-        GlobalHydra.instance().clear()
-        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-            return compose(config_name="config", overrides=[*TINY, *overrides])
-
+    compose_cfg = compose_tiny
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("pp")
