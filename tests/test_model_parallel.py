@@ -17,15 +17,16 @@ from currytrain.journal import read_journal
 from currytrain.validate import validate
 
 STEPS = 10
-CURVE = [
+RUN = [
     f"trainer.max_steps={STEPS}",
     "trainer.checkpoint_every=5",
     "trainer.keep_last=4",
     "trainer.eval_every=100",
     "logger=[jsonl]",
     "optimizer.schedule.warmup_steps=2",
-    "model.n_kv_heads=2",  # TINY's one kv head would not split over tp=2
 ]
+"""The curve tests' run: STEPS steps with checkpoints at 5 and 10 to resume from (test_pipeline_parallel too)."""
+CURVE = [*RUN, "model.n_kv_heads=2"]  # TINY's one kv head would not split over tp=2
 MOE = ["model=moe", "model.expert_hidden=32"]  # 4 experts, top-2, dropless: 2 experts per ep rank
 
 

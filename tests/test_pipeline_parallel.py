@@ -9,20 +9,14 @@ import math
 import pytest
 import torch
 from hydra.core.global_hydra import GlobalHydra
-from test_model_parallel import final_val, grad_norms
+from test_model_parallel import RUN, STEPS, final_val, grad_norms
 from test_parallel import assert_same_curve, curve, run_two_workers, single, write_resolved
 
 from conftest import compose_tiny
 from currytrain.journal import read_journal
 
-STEPS = 10
 CURVE = [
-    f"trainer.max_steps={STEPS}",
-    "trainer.checkpoint_every=5",
-    "trainer.keep_last=4",
-    "trainer.eval_every=100",
-    "logger=[jsonl]",
-    "optimizer.schedule.warmup_steps=2",
+    *RUN,
     "model.n_layers=4",  # 2 stages of 2 layers, or (two stages per rank) 4 stages of 1
     "trainer.grad_accum=2",  # the microbatches in flight: one per pp rank
 ]
