@@ -122,9 +122,9 @@ def _check_tables(cfg: DictConfig) -> list[str]:
 
 def _check_schedule(cfg: DictConfig) -> list[str]:
     warmup, max_steps = cfg.optimizer.schedule.warmup_steps, cfg.trainer.max_steps
-    if max_steps >= 1 and warmup >= max_steps:
+    if warmup is not None and max_steps >= 1 and warmup >= max_steps:  # null: a share of max_steps, always below
         return [
-            f"optimizer.schedule.warmup_steps={warmup} is not below trainer.max_steps={max_steps}: pass optimizer.schedule.warmup_steps={max(0, max_steps // 10)}"
+            f"optimizer.schedule.warmup_steps={warmup} is not below trainer.max_steps={max_steps}: pass optimizer.schedule.warmup_steps={max(0, max_steps // 10)}, or null (a share of the steps: optimizer.schedule.warmup_ratio)"
         ]
     return []
 

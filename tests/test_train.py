@@ -113,11 +113,11 @@ def test_incomplete_checkpoints_are_never_resumed_from(tmp_path):
 
 @pytest.mark.slow
 def test_the_default_run_learns_the_stdlib_corpus(tmp_path):
-    """`make train` as shipped: the default config must end at <= 2.0 nats/byte (uniform is 5.55)."""
+    """`make train` as shipped: the default config must end at <= 1.70 nats/byte (uniform is 5.55; 1.578 here)."""
     result = launch(f"hydra.run.dir={tmp_path}", tiny=False, timeout=900)
     assert result.returncode == 0, result.stderr
     finish = read_journal(tmp_path / "journal.jsonl")[-1]
-    assert finish["type"] == "finish" and finish["step"] == 300
-    assert finish["val_loss"] <= 2.0, finish
+    assert finish["type"] == "finish" and finish["step"] == 1200
+    assert finish["val_loss"] <= 1.70, finish
     assert f"final val loss {finish['val_loss']:.4f}" in result.stdout
-    assert find_checkpoint(tmp_path).name == "step_300"
+    assert find_checkpoint(tmp_path).name == "step_1200"

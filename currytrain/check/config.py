@@ -187,8 +187,8 @@ class SeedsConfig:
     _target_: str = "currytrain.check.seeds.Seeds"
     seeds: int = 3
     """Seeds trained (seed, seed+1, ...); at least 2 for a std."""
-    max_steps: int | None = 100
-    """Steps of each seed run (null: trainer.max_steps)."""
+    max_steps: int | None = 400
+    """Steps of each seed run (null: trainer.max_steps); 400 steps of the default 8 sequences."""
     max_std: float = 0.05
     """Warn when the std of the final val loss across seeds exceeds this (nats)."""
     overrides: list[str] = field(default_factory=list)
@@ -212,7 +212,7 @@ class AblationConfig:
     """Overrides of both arms (the baseline is the configured run with these)."""
     seeds: int = 3
     """Seeds per arm (at least 2: the verdict needs each arm's noise)."""
-    max_steps: int | None = 100
+    max_steps: int | None = 400
     """Steps of each run (null: trainer.max_steps)."""
 
     @staticmethod
@@ -247,7 +247,7 @@ class CapacityConfig:
     """Values of model.dim (hidden sizes scale alike; each must divide by model.n_heads)."""
     depths: list[int] = field(default_factory=lambda: [2, 4])
     """Values of model.n_layers; every (width, depth) pair trains."""
-    budget_steps: int = 50
+    budget_steps: int = 200
     """The compute budget: what the configured model spends in this many steps (others get as many steps as spend the same)."""
     min_steps: int = 10
     """Fewest steps any shape trains."""
@@ -269,7 +269,7 @@ class ScalingConfig:
     _target_: str = "currytrain.check.scaling.Scaling"
     widths: list[int] = field(default_factory=lambda: [32, 48, 64, 96, 128])
     """Values of model.dim (hidden sizes scale alike); the largest is held out and predicted from the others."""
-    max_steps: int | None = 100
+    max_steps: int | None = 400
     """Steps of every size (the same tokens for each; null: trainer.max_steps)."""
     bootstrap: int = 500
     """Residual-bootstrap refits for the intervals."""
@@ -294,6 +294,8 @@ class ProbeStageConfig:
     max_steps: int = 1000
     """Steps of each task's run. The debug model copies after about 200 steps of 32 sequences; its induction
     head forms between steps 300 and 500 (docs/ladder.md)."""
+    batch_size: int | None = 32
+    """Sequences per step of each task's run (null: trainer.batch_size); the budgets above were measured at 32."""
     num_symbols: int = 16
     """Alphabet of the tasks' content."""
     seq_len: int | None = 32
@@ -417,10 +419,10 @@ class FullLadderConfig(LadderConfig):
             "sanity": SanityConfig(),
             "lr_range": LRRangeConfig(batch_size=8),
             "mup": MupCheckConfig(standard_fails=False),
-            "seeds": SeedsConfig(max_steps=40),
-            "ablation": AblationConfig(max_steps=40),
+            "seeds": SeedsConfig(max_steps=160),
+            "ablation": AblationConfig(max_steps=160),
             "probe": ProbeStageConfig(tasks=["copy"], max_steps=150, gate=False),
-            "capacity": CapacityConfig(widths=[64, 128], budget_steps=20),
-            "scaling": ScalingConfig(widths=[32, 40, 48, 64, 96], max_steps=50),
+            "capacity": CapacityConfig(widths=[64, 128], budget_steps=80),
+            "scaling": ScalingConfig(widths=[32, 40, 48, 64, 96], max_steps=200),
         }
     )

@@ -52,6 +52,7 @@ class Probe(Stage):
         max_steps: int = 1000,
         num_symbols: int = 16,
         seq_len: int | None = None,
+        batch_size: int | None = None,
         overrides: list[str] = (),
         eval_batches: int = 8,
         min_accuracy: float = 0.9,
@@ -59,6 +60,7 @@ class Probe(Stage):
     ):
         self.tasks, self.max_steps, self.num_symbols, self.seq_len = list(tasks), max_steps, num_symbols, seq_len
         self.overrides, self.eval_batches, self.min_accuracy, self.gate = list(overrides), eval_batches, min_accuracy, gate
+        self.overrides = ([f"trainer.batch_size={batch_size}"] if batch_size else []) + self.overrides
         self.runs: dict[str, SubRun] = {}
 
     def assess(self, parts: Components | None, ctx: StageContext) -> StageResult:

@@ -9,6 +9,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from currytrain.errors import ConfigError
+from currytrain.optim.config import warmup_steps
 from currytrain.model.hooks import HasMuP, HiddenMatrices
 
 
@@ -70,5 +71,5 @@ def lr_multiplier(step: int, total_steps: int, kind: str, warmup_steps: int, min
 
 def build_scheduler(optimizer: torch.optim.Optimizer, schedule, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """LambdaLR over lr_multiplier; its state (last_epoch) is checkpointed with the optimizer."""
-    kind, warmup, floor = schedule.kind, schedule.warmup_steps, schedule.min_lr_ratio
+    kind, warmup, floor = schedule.kind, warmup_steps(schedule, total_steps), schedule.min_lr_ratio
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(step, total_steps, kind, warmup, floor))

@@ -17,19 +17,31 @@ class ScheduleConfig:
 
     kind: str = "cosine"
     """cosine (warmup then cosine decay), linear (warmup then linear decay) or constant (warmup then flat)."""
-    warmup_steps: int = 30
-    """Steps of linear warmup from 0 to lr."""
+    warmup_steps: int | None = None
+    """Steps of linear warmup from 0 to lr; null: warmup_ratio of trainer.max_steps."""
+    warmup_ratio: float = 0.05
+    """The warmup as a fraction of trainer.max_steps (rounded down), when warmup_steps is null: a short smoke
+    run and a long run both warm up over the same share of their steps."""
     min_lr_ratio: float = 0.1
     """Floor of the decay, as a fraction of lr."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
         problems = one_of(node, path, "kind", SCHEDULE_KINDS)
-        if not node.warmup_steps >= 0:
+        if node.warmup_steps is not None and not node.warmup_steps >= 0:
             problems.append(f"{path}.warmup_steps={node.warmup_steps} must be >= 0: pass {path}.warmup_steps=0")
+        if not 0 <= node.warmup_ratio < 1:
+            problems.append(f"{path}.warmup_ratio={node.warmup_ratio} must be in [0, 1): pass {path}.warmup_ratio=0.05")
         if not 0 <= node.min_lr_ratio <= 1:
             problems.append(f"{path}.min_lr_ratio={node.min_lr_ratio} must be in [0, 1]: pass {path}.min_lr_ratio=0.1")
         return problems
+
+
+def warmup_steps(schedule: Any, total_steps: int) -> int:
+    """The schedule's warmup in steps: warmup_steps when set, else warmup_ratio of `total_steps`."""
+    if schedule.warmup_steps is not None:
+        return int(schedule.warmup_steps)
+    return int(schedule.warmup_ratio * total_steps)
 
 
 def lr_and_decay_problems(node: Any, path: str) -> list[str]:

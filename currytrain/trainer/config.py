@@ -22,15 +22,15 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 300
+    max_steps: int = 1200
     """Optimizer steps to run."""
-    batch_size: int = 32
+    batch_size: int = 8
     """Sequences per microbatch, all data-parallel ranks together (each rank gets batch_size / dp ranks)."""
     grad_accum: int = 1
     """Microbatches per optimizer step; the loss of each is scaled by 1/grad_accum."""
     grad_clip: float = 1.0
     """Max global gradient L2 norm; 0 disables clipping."""
-    eval_every: int = 100
+    eval_every: int = 400
     """Evaluate on the val split every this many steps (and always at the end)."""
     eval_batches: int = 10
     """Val batches per evaluation."""
