@@ -13,6 +13,7 @@ the process group, the mesh and everything else stay curryTrain's.
 
 from __future__ import annotations
 
+import gc
 import inspect
 import logging
 import os
@@ -178,5 +179,9 @@ class Parallel:
 
     def teardown(self) -> None:
         if self._owns_group and dist.is_initialized():
+            # The trained model (DDP's reducer, FSDP's hooks) lives on in reference cycles that hold the process
+            # group and its last works. Collected at exit instead, gloo's threads can free tensors after the
+            # interpreter is gone: SIGABRT, "terminate called without an active exception" (a rare flake).
+            gc.collect()
             dist.destroy_process_group()
         self._owns_group = False
