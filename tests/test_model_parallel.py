@@ -138,7 +138,25 @@ BAD = [
     (["parallel=tp", "parallel.nproc=3"], ["cannot fill the world", "pass parallel.nproc=2"]),
     (["parallel=ddp", "parallel.nproc=4", "parallel.tp=2", "model.n_kv_heads=2"], ["DDP and ZeRO-1 do not take tensor-parallel", "parallel=hybrid"]),
     (["parallel=tp", "parallel.zero_stage=1", "model.n_kv_heads=2"], ["parallel.tp=2 with parallel.zero_stage=1", "parallel=hybrid"]),
-    (["parallel=hybrid", "parallel.pp=2", "model.n_kv_heads=2"], ["parallel.pp=2 composes with no other axis for now (parallel.tp=2", "pass parallel=pp"]),
+    (
+        ["parallel=hybrid", "parallel.pp=2", "model.n_kv_heads=2"],
+        ["parallel.pp=2 composes with data parallelism only for now, not parallel.tp=2", "pass parallel=pp"],
+    ),
+    (
+        [
+            "parallel=pp",
+            "parallel.nproc=4",
+            "model.n_layers=2",
+            "trainer.grad_accum=2",
+            "parallel.zero_stage=3",
+            "parallel.dp_shard=-1",
+            "parallel.dp_replicate=1",
+        ],
+        [
+            "parallel.pp=2 replicates its stages over the data-parallel ranks (DDP-like, zero_stage=0) for now",
+            "pass parallel.zero_stage=0 parallel.dp_shard=1 parallel.dp_replicate=2",
+        ],
+    ),
     (["parallel=pp", "trainer.grad_accum=2"], ["parallel.pp=2 makes 2 stages, more than model.n_layers=1", "pass model.n_layers=2"]),
     (
         ["parallel=pp", "parallel.pp_schedule=interleaved_1f1b", "model.n_layers=3", "trainer.grad_accum=2"],
