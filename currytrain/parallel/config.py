@@ -38,7 +38,8 @@ class ParallelConfig:
     tp: int = 1
     """Tensor-parallel degree: each block's attention heads and MLP width are split over tp ranks (DTensor column/row
     parallel), the norms and the residual stream over the sequence (sequence parallel), the loss over the vocabulary
-    (loss parallel). The tp ranks of a group see the same batch. model=gqa; tp divides its heads and mlp_hidden."""
+    (loss parallel). The tp ranks of a group see the same batch. model=gqa (tp divides its heads and mlp_hidden) or
+    model=moe (tp divides its heads; each MoE layer is replicated over the tp ranks; no data-parallel ranks yet)."""
     pp: int = 1
     """Pipeline-parallel degree: the decoder's layers are cut into stages run one after the other by pp ranks, trainer.grad_accum
     microbatches in flight (torch.distributed.pipelining). model=gqa; composes with data-parallel replicas (pp2 x dp2,
