@@ -130,7 +130,8 @@ class Parallel:
         )
         if state.fabric is not None:
             return state.fabric.setup_module(model)  # DDP and the precision's autocast around forward
-        if state.mesh is not None and self.zero_stage < 2 and state.view("loss").size() > 1:  # one dp rank (tp only): nothing to all-reduce
+        pipelined = state.dims is not None and state.dims.pp > 1  # pp x dp: PipelineRunner averages the stage gradients itself
+        if state.mesh is not None and self.zero_stage < 2 and state.view("loss").size() > 1 and not pipelined:  # one dp rank (tp only): nothing to all-reduce
             from torch.distributed._composable.replicate import replicate
 
             # Expert-parallel experts are each rank's own (their gradients are handled in parallel/expert.py).
@@ -154,7 +155,8 @@ class Parallel:
             return None
         from currytrain.parallel.stages import PipelineRunner  # torch's pipelining: imported only when used
 
-        return PipelineRunner(model, plan, state.views["pp"], loss_fn, num_micro, state.device)
+        # pp x dp: the ranks of the other pipeline replicas that hold the same stages average their gradients.
+        return PipelineRunner(model, plan, state.views["pp"], loss_fn, num_micro, state.device, replicas=state.view("loss"))
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, state: ParallelState) -> torch.optim.Optimizer:
         """ZeRO-1: rebuild the optimizer as a ZeroRedundancyOptimizer over the same param groups, so each dp
