@@ -200,14 +200,16 @@ def _check_batch_split(cfg: DictConfig) -> list[str]:
 
 def _check_tensor_parallel(cfg: DictConfig) -> list[str]:
     """parallel.tp splits attention heads (query and key/value alike), the MLP's hidden width and, sequence-parallel,
-    the sequence between blocks: each must divide by tp. The plan is written for the GQA family."""
+    the sequence between blocks: each must divide by tp. The plan is written for the GQA and MoE families (MoE layers
+    are replicated over the tp ranks, so their widths need not divide)."""
     if not _is(cfg.parallel, ParallelConfig) or not cfg.parallel.tp > 1:
         return []
     tp, model = cfg.parallel.tp, cfg.model
-    if not _is(model, GQAConfig):
-        return [f"parallel.tp={tp} shards the GQA decoder (model=gqa); {model._target_} has no tensor-parallel plan yet: pass parallel.tp=1"]
+    moe = _is(model, MoEConfig)
+    if not (_is(model, GQAConfig) or moe):
+        return [f"parallel.tp={tp} shards the GQA and MoE decoders (model=gqa|moe); {model._target_} has no tensor-parallel plan yet: pass parallel.tp=1"]
     problems = []
-    for key in ("n_heads", "n_kv_heads", "mlp_hidden"):
+    for key in ("n_heads", "n_kv_heads") if moe else ("n_heads", "n_kv_heads", "mlp_hidden"):
         if model[key] % tp:
             fits = [d for d in divisors(model[key]) if d > 1]
             problems.append(
@@ -217,12 +219,20 @@ def _check_tensor_parallel(cfg: DictConfig) -> list[str]:
         problems.append(
             f"parallel.tp={tp} does not divide data.seq_len={cfg.data.seq_len} (sequence parallel splits it): pass data.seq_len={cfg.data.seq_len // tp * tp}"
         )
-    if model.qk_norm:
+    if model.get("qk_norm"):
         problems.append(f"parallel.tp={tp} with model.qk_norm=true is not supported yet (its norms would see a share of the heads): pass model.qk_norm=false")
     if model.tie_embeddings:
         problems.append(
             f"parallel.tp={tp} with model.tie_embeddings=true is not supported (the tied weight would be sharded twice): pass model.tie_embeddings=false"
         )
+    world = launched_world_size(cfg.parallel.nproc)
+    if moe and cfg.parallel.nproc >= 1 and not ParallelDims.problems(cfg.parallel, "parallel", world):
+        dp = ParallelDims.resolve(cfg.parallel, world).dp_size
+        if dp > 1:
+            problems.append(
+                f"parallel.tp={tp} with model=moe runs without data-parallel ranks for now ({dp} here: its replicated MoE layers are not "
+                f"sharded or averaged over them yet): pass parallel=tp parallel.nproc={tp}"
+            )
     return problems
 
 

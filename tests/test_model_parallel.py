@@ -40,7 +40,8 @@ def final_val(run_dir) -> float:
 
 @pytest.fixture(scope="module")
 def tp_runs(tmp_path_factory):
-    """One 2-worker launch trains tp@2 from scratch, tp@2 resumed from a one-process checkpoint, ep@2 (model=moe) and cp@2;
+    """One 2-worker launch trains tp@2 from scratch, tp@2 resumed from a one-process checkpoint, ep@2 (model=moe), cp@2
+    and tp@2 of model=moe;
     one-process runs give the references and then resume from tp@2's and ep@2's checkpoints."""
     compose_cfg = compose_tiny
     threads = torch.get_num_threads()
@@ -54,6 +55,7 @@ def tp_runs(tmp_path_factory):
             write_resolved(compose_cfg(*CURVE, "parallel=tp", f"trainer.resume={root / 'single' / 'checkpoints' / 'step_5'}"), root / "tp_from_single"),
             write_resolved(compose_cfg(*CURVE, *MOE, "parallel=ep"), root / "ep"),
             write_resolved(compose_cfg(*CURVE, "parallel=cp"), root / "cp"),
+            write_resolved(compose_cfg(*CURVE, *MOE, "parallel=tp"), root / "tp_moe"),
         ]
         run_two_workers(paths)
         single(compose_cfg, root / "single_from_tp", *CURVE, f"trainer.resume={root / 'tp' / 'checkpoints' / 'step_5'}")
@@ -115,6 +117,22 @@ def test_ep2_moe_curve_grad_norms_and_expert_load_equal_one_process(tp_runs):
 
 
 @pytest.mark.slow
+def test_tp2_moe_curve_grad_norms_and_expert_load_equal_one_process(tp_runs):
+    """model=moe under tp@2: attention, norms, embedding and readout sharded; each MoE layer replicated over the tp
+    ranks (the whole sequence routed on both, each keeping its positions)."""
+    reference = curve(tp_runs / "single_moe")
+    assert_same_curve(curve(tp_runs / "tp_moe"), reference, "tp@2 moe")
+    want = grad_norms(tp_runs / "single_moe")
+    for step, norm in grad_norms(tp_runs / "tp_moe").items():  # the replicated experts counted once, the shards summed
+        assert math.isclose(norm, want[step], rel_tol=1e-5), f"tp@2 moe step {step}: grad norm {norm} != one process {want[step]}"
+    assert math.isclose(final_val(tp_runs / "tp_moe"), final_val(tp_runs / "single_moe"), rel_tol=1e-5)
+    ours, theirs = metrics(tp_runs / "tp_moe"), metrics(tp_runs / "single_moe")
+    for step in theirs:
+        for key in (key for key in theirs[step] if key.startswith("moe/")):
+            assert math.isclose(ours[step][key], theirs[step][key], rel_tol=1e-5, abs_tol=1e-7), (step, key)
+
+
+@pytest.mark.slow
 def test_cp2_ring_attention_trains_the_one_process_curve(tp_runs):
     """Each rank sees its zig-zag half of every sequence; attention rings between them, RoPE at global positions."""
     assert_same_curve(curve(tp_runs / "cp"), curve(tp_runs / "single"), "cp@2")
@@ -134,11 +152,30 @@ BAD = [
     (["parallel=tp"], ["parallel.tp=2 does not divide model.n_kv_heads=1"]),
     (["parallel=tp", "model.n_kv_heads=2", "model.mlp_hidden=63"], ["parallel.tp=2 does not divide model.mlp_hidden=63"]),
     (["parallel=tp", "model.n_kv_heads=2", "data.seq_len=31"], ["parallel.tp=2 does not divide data.seq_len=31", "pass data.seq_len=30"]),
-    (["parallel=tp", "model=moe"], ["has no tensor-parallel plan yet"]),
+    (["parallel=tp", "model=spiking"], ["has no tensor-parallel plan yet"]),
+    (["parallel=hybrid", "model=moe"], ["parallel.tp=2 with model=moe runs without data-parallel ranks for now (2 here", "pass parallel=tp parallel.nproc=2"]),
     (["parallel=tp", "parallel.nproc=3"], ["cannot fill the world", "pass parallel.nproc=2"]),
     (["parallel=ddp", "parallel.nproc=4", "parallel.tp=2", "model.n_kv_heads=2"], ["DDP and ZeRO-1 do not take tensor-parallel", "parallel=hybrid"]),
     (["parallel=tp", "parallel.zero_stage=1", "model.n_kv_heads=2"], ["parallel.tp=2 with parallel.zero_stage=1", "parallel=hybrid"]),
-    (["parallel=hybrid", "parallel.pp=2", "model.n_kv_heads=2"], ["parallel.pp=2 composes with no other axis for now (parallel.tp=2", "pass parallel=pp"]),
+    (
+        ["parallel=hybrid", "parallel.pp=2", "model.n_kv_heads=2"],
+        ["parallel.pp=2 composes with data parallelism only for now, not parallel.tp=2", "pass parallel=pp"],
+    ),
+    (
+        [
+            "parallel=pp",
+            "parallel.nproc=4",
+            "model.n_layers=2",
+            "trainer.grad_accum=2",
+            "parallel.zero_stage=3",
+            "parallel.dp_shard=-1",
+            "parallel.dp_replicate=1",
+        ],
+        [
+            "parallel.pp=2 replicates its stages over the data-parallel ranks (DDP-like, zero_stage=0) for now",
+            "pass parallel.zero_stage=0 parallel.dp_shard=1 parallel.dp_replicate=2",
+        ],
+    ),
     (["parallel=pp", "trainer.grad_accum=2"], ["parallel.pp=2 makes 2 stages, more than model.n_layers=1", "pass model.n_layers=2"]),
     (
         ["parallel=pp", "parallel.pp_schedule=interleaved_1f1b", "model.n_layers=3", "trainer.grad_accum=2"],

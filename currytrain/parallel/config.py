@@ -34,14 +34,16 @@ class ParallelConfig:
     """Data-parallel ranks that shard parameters/gradients between them (ZeRO-2/3, FSDP2). -1: the rest of the world."""
     cp: int = 1
     """Context-parallel degree (model=gqa): each sequence is cut into 2 * cp chunks, each rank holds two (zig-zag, for
-    causal balance), and causal attention runs as a ring over the cp ranks. DDP only for now."""
+    causal balance), and causal attention runs as a ring over the cp ranks. Composes with DDP (cp2 x dp2), not tp/ep/FSDP yet."""
     tp: int = 1
     """Tensor-parallel degree: each block's attention heads and MLP width are split over tp ranks (DTensor column/row
     parallel), the norms and the residual stream over the sequence (sequence parallel), the loss over the vocabulary
-    (loss parallel). The tp ranks of a group see the same batch. model=gqa; tp divides its heads and mlp_hidden."""
+    (loss parallel). The tp ranks of a group see the same batch. model=gqa (tp divides its heads and mlp_hidden) or
+    model=moe (tp divides its heads; each MoE layer is replicated over the tp ranks; no data-parallel ranks yet)."""
     pp: int = 1
     """Pipeline-parallel degree: the decoder's layers are cut into stages run one after the other by pp ranks, trainer.grad_accum
-    microbatches in flight (torch.distributed.pipelining). model=gqa; composes with no other axis for now."""
+    microbatches in flight (torch.distributed.pipelining). model=gqa; composes with data-parallel replicas (pp2 x dp2,
+    zero_stage=0: stage gradients averaged over them), not tp/cp/ep/FSDP yet."""
     pp_schedule: str = "1f1b"
     """How the microbatches flow through the stages (a torch schedule): gpipe and 1f1b run one stage per pp rank;
     interleaved_1f1b, looped_bfs, interleaved_zero_bubble and zbv_zero_bubble run two (virtual stages)."""
@@ -50,7 +52,7 @@ class ParallelConfig:
     ep: int = 1
     """Expert-parallel degree (model=moe): each MoE layer's experts are shared out over ep of the data-parallel ranks,
     and tokens are sent to the rank owning their expert (all_to_all). No mesh axis of its own: it divides the
-    data-parallel ranks (ep=2 on 4 data-parallel ranks: 2 copies of each half of the experts). DDP only for now."""
+    data-parallel ranks (ep=2 on 4 data-parallel ranks: 2 copies of each half of the experts). DDP only for now (not FSDP/tp)."""
     zero_stage: int = 0
     """What the data-parallel ranks split: 0 nothing (DDP), 1 optimizer state (ZeroRedundancyOptimizer),
     2 + gradients (fully_shard, parameters kept gathered between forward and backward), 3 + parameters (FSDP)."""

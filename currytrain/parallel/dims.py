@@ -63,11 +63,16 @@ class ParallelDims:
         elif fixed != world_size:
             return [f"{degrees} = {fixed} processes, but {where}: pass {path}.nproc={fixed}, or degrees whose product is {world_size}"]
         dims = ParallelDims.resolve(node, world_size)
-        if dims.pp > 1 and dims.pp != world_size:
-            others = ", ".join(f"{path}.{axis}={getattr(dims, axis)}" for axis in (*DP_AXES, "cp", "tp", "ep") if getattr(dims, axis) > 1)
+        if dims.pp > 1 and (dims.cp > 1 or dims.tp > 1 or dims.ep > 1):
+            others = ", ".join(f"{path}.{axis}={getattr(dims, axis)}" for axis in ("cp", "tp", "ep") if getattr(dims, axis) > 1)
             return [
-                f"{path}.pp={node.pp} composes with no other axis for now ({others}; a world of {world_size}): "
-                f"pass parallel=pp {path}.nproc={node.pp}, or {path}.pp=1"
+                f"{path}.pp={node.pp} composes with data parallelism only for now, not {others}: "
+                f"pass parallel=pp {path}.nproc={world_size} (pp={dims.pp} x dp={world_size // dims.pp}), or {path}.pp=1"
+            ]
+        if dims.pp > 1 and node.zero_stage != 0:
+            return [
+                f"{path}.pp={node.pp} replicates its stages over the data-parallel ranks (DDP-like, zero_stage=0) for now, not "
+                f"{path}.zero_stage={node.zero_stage}: pass {path}.zero_stage=0 {path}.dp_shard=1 {path}.dp_replicate={dims.dp_size}"
             ]
         if dims.ep > 1 and (dims.dp_size % dims.ep or dims.dp_size != world_size):
             return [

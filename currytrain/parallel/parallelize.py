@@ -91,21 +91,35 @@ def parallelize_decoder(
 
 
 def apply_tp(model: nn.Module, tp_mesh) -> None:
-    """Tensor + sequence parallelism (Megatron-style) on a GQA decoder, in place, over the 1-D `tp_mesh`.
+    """Tensor + sequence parallelism (Megatron-style) on a GQA or MoE decoder, in place, over the 1-D `tp_mesh`.
 
     Between blocks the residual stream stays split over the sequence (Shard(1)): the norms run on their share
     of positions (SequenceParallel). Attention and the MLP gather the sequence, compute their share of the heads /
     hidden units (ColwiseParallel: wq wk wv w1 w3), and the row-parallel output projections (wo w2) reduce-scatter
     back onto the sequence. The readout is column-parallel over the vocabulary and stays sharded: the loss is
     computed on the shards inside loss_parallel (ParallelState.loss_context), never gathering the full logits.
+
+    model=moe: attention, norms, embedding and readout as above; each MoE layer (router, experts, shared expert) is
+    replicated over the tp ranks. It takes the whole sequence as a plain tensor (gathered), so every tp rank routes
+    the same tokens to the same experts and gets the same output, of which it keeps its positions (Shard(1), a local
+    slice). In backward the output gradient is gathered whole, so every rank's MoE gradients are the same and need no
+    all-reduce; the expert compute is repeated on each tp rank (the price of not splitting the experts).
     """
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel, parallelize_module
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleInputOutput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
 
     from currytrain.model.gqa import GQATransformer
+    from currytrain.model.moe import MoETransformer
 
-    if not isinstance(model, GQATransformer):  # validation refuses other families first
-        raise TypeError(f"parallel.tp has a plan for the GQA decoder only, not {type(model).__name__}")
+    if not isinstance(model, GQATransformer | MoETransformer):  # validation refuses other families first
+        raise TypeError(f"parallel.tp has a plan for the GQA and MoE decoders only, not {type(model).__name__}")
     parallelize_module(
         model,
         tp_mesh,
@@ -125,11 +139,23 @@ def apply_tp(model: nn.Module, tp_mesh) -> None:
             "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
             "mlp_norm": SequenceParallel(),
-            "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            "mlp.w1": ColwiseParallel(),
-            "mlp.w3": ColwiseParallel(),
-            "mlp.w2": RowwiseParallel(output_layouts=Shard(1)),
         }
+        if isinstance(model, MoETransformer):
+            plan["moe"] = PrepareModuleInputOutput(
+                input_layouts=(Shard(1),),
+                desired_input_layouts=(Replicate(),),
+                use_local_input=True,
+                output_layouts=(Replicate(),),
+                desired_output_layouts=(Shard(1),),
+                use_local_output=True,  # the residual stream between the sublayers is local, as wo's and w2's outputs are
+            )
+        else:
+            plan |= {
+                "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                "mlp.w1": ColwiseParallel(),
+                "mlp.w3": ColwiseParallel(),
+                "mlp.w2": RowwiseParallel(output_layouts=Shard(1)),
+            }
         parallelize_module(block, tp_mesh, plan)
     log.info("tensor parallel: %d blocks over tp=%d (sequence parallel norms, loss parallel readout)", len(model.layers), tp_mesh.size())
 

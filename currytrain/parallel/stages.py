@@ -7,6 +7,11 @@ on the rank of the first stage, the final norm and the output projection on the 
 model is what the optimizer, the checkpoints and the memory report see. Each stage runs through a StageModule, a
 view of the parts of one stage, wrapped in torch's PipelineStage; one torch.distributed.pipelining schedule drives
 the stages of every rank (PipelineRunner), with trainer.grad_accum microbatches and the loss on the last stage.
+
+With data parallelism too (pp x dp: the mesh's pp axis outermost), each pp group is one replica of the pipeline: it
+runs the schedule on its dp share of the batch, and after the schedule the gradients of its stages are averaged over
+the ranks that hold the same stages (the dp view), one all-reduce of one flat buffer per step. DDP's reducer is not
+used: it hooks the root module's forward, which the schedule never calls (it runs StageModules).
 """
 
 from __future__ import annotations
@@ -85,8 +90,11 @@ class PipelineRunner:
     """This rank's stages under one torch schedule: the training step (forward, loss on the last stage, backward,
     over trainer.grad_accum microbatches) and the forward-only eval. Losses come back on every pp rank."""
 
-    def __init__(self, model, plan: PipelinePlan, pp_mesh, loss_fn: Callable, num_micro: int, device):
+    def __init__(self, model, plan: PipelinePlan, pp_mesh, loss_fn: Callable, num_micro: int, device, replicas=None):
+        """replicas: the mesh of the ranks that run the same stages on other shares of the batch (the dp view under
+        pp x dp); their gradients are averaged after each step. None (or one rank) without data parallelism."""
         self.group = pp_mesh.get_group()
+        self.replicas = replicas.get_group() if replicas is not None and replicas.size() > 1 else None
         pp_rank = pp_mesh.get_local_rank()
         self.stage_ids = plan.stages_of(pp_rank)
         self.is_first = 0 in self.stage_ids
@@ -119,7 +127,21 @@ class PipelineRunner:
         by their number); returns (mean loss over them on the device, target tokens)."""
         inputs = torch.cat([inputs for inputs, _ in microbatches]).to(device, non_blocking=True)
         targets = torch.cat([targets for _, targets in microbatches]).to(device, non_blocking=True)
-        return self._run(self.schedule.step, inputs, targets, autocast_dtype).mean(), targets.numel()
+        losses = self._run(self.schedule.step, inputs, targets, autocast_dtype)
+        if self.replicas is not None:
+            self._average_gradients()
+        return losses.mean(), targets.numel()
+
+    def _average_gradients(self) -> None:
+        """Average this rank's stage gradients over the replicas of its stages: one flat buffer, one all-reduce."""
+        grads = [param.grad for module in self.modules for param in module.parameters() if param.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([grad.reshape(-1) for grad in grads])
+        dist.all_reduce(flat, group=self.replicas)  # gloo has no ReduceOp.AVG: sum, then divide
+        flat /= dist.get_world_size(self.replicas)
+        for grad, averaged in zip(grads, flat.split([grad.numel() for grad in grads])):
+            grad.copy_(averaged.view_as(grad))
 
     def eval_losses(self, batches: Sequence[tuple[Any, Any]], device, autocast_dtype=None) -> list[float]:
         """The loss of each batch, forward only: the batches go through in groups of the schedule's microbatch

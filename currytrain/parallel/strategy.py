@@ -13,6 +13,7 @@ the process group, the mesh and everything else stay curryTrain's.
 
 from __future__ import annotations
 
+import gc
 import inspect
 import logging
 import os
@@ -129,7 +130,8 @@ class Parallel:
         )
         if state.fabric is not None:
             return state.fabric.setup_module(model)  # DDP and the precision's autocast around forward
-        if state.mesh is not None and self.zero_stage < 2 and state.view("loss").size() > 1:  # one dp rank (tp only): nothing to all-reduce
+        pipelined = state.dims is not None and state.dims.pp > 1  # pp x dp: PipelineRunner averages the stage gradients itself
+        if state.mesh is not None and self.zero_stage < 2 and state.view("loss").size() > 1 and not pipelined:  # one dp rank (tp only): nothing to all-reduce
             from torch.distributed._composable.replicate import replicate
 
             # Expert-parallel experts are each rank's own (their gradients are handled in parallel/expert.py).
@@ -153,7 +155,8 @@ class Parallel:
             return None
         from currytrain.parallel.stages import PipelineRunner  # torch's pipelining: imported only when used
 
-        return PipelineRunner(model, plan, state.views["pp"], loss_fn, num_micro, state.device)
+        # pp x dp: the ranks of the other pipeline replicas that hold the same stages average their gradients.
+        return PipelineRunner(model, plan, state.views["pp"], loss_fn, num_micro, state.device, replicas=state.view("loss"))
 
     def wrap_optimizer(self, optimizer: torch.optim.Optimizer, state: ParallelState) -> torch.optim.Optimizer:
         """ZeRO-1: rebuild the optimizer as a ZeroRedundancyOptimizer over the same param groups, so each dp
@@ -178,5 +181,9 @@ class Parallel:
 
     def teardown(self) -> None:
         if self._owns_group and dist.is_initialized():
+            # The trained model (DDP's reducer, FSDP's hooks) lives on in reference cycles that hold the process
+            # group and its last works. Collected at exit instead, gloo's threads can free tensors after the
+            # interpreter is gone: SIGABRT, "terminate called without an active exception" (a rare flake).
+            gc.collect()
             dist.destroy_process_group()
         self._owns_group = False

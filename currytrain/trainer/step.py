@@ -163,7 +163,8 @@ def accumulated_step(
             with loss_context():
                 with autocast:
                     task_loss = loss_fn(model(inputs), targets)
-                    loss = task_loss + model.auxiliary_loss() if isinstance(model, HasAuxiliaryLoss) else task_loss
+                    # full(): under tensor parallelism the task loss is a DTensor and the MoE losses plain tensors.
+                    loss = full(task_loss) + model.auxiliary_loss() if isinstance(model, HasAuxiliaryLoss) else task_loss
                 # fp16: the loss is scaled up so that small gradients do not underflow; unscaled before clipping.
                 backward(scaler.scale(loss / num_micro) if scaler is not None else loss / num_micro)
             # The reported loss is the task loss alone, so runs with and without auxiliary losses compare.
