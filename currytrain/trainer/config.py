@@ -32,8 +32,8 @@ class TrainerConfig:
     """Max global gradient L2 norm; 0 disables clipping."""
     eval_every: int = 400
     """Evaluate on the val split every this many steps (and always at the end)."""
-    eval_batches: int = 10
-    """Val batches per evaluation."""
+    eval_batches: int = 40
+    """Val batches per evaluation (40 of the default 8 sequences: 320 windows, a val loss steady to about 0.02)."""
     log_every: int = 10
     """Send train metrics to the loggers every this many steps."""
     checkpoint_every: int = 0
