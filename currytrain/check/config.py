@@ -407,7 +407,7 @@ class ScalingCheckConfig(LadderConfig):
 
 @dataclass
 class FullLadderConfig(LadderConfig):
-    """check=ladder: every stage, in order, at budgets that fit about 15 minutes on 2 shared CPU cores for the
+    """check=ladder: every stage, in order, at budgets that take a few minutes on 2 shared CPU cores for the
     debug model (docs/ladder.md has the measured times); each stage alone (check=seeds, ...) keeps its fuller
     budget. In the ladder the muP check and the probe tasks warn rather than fail (a model may lack muP or a
     mechanism on purpose), and the ablation runs only when check.stages.ablation.idea is given."""
@@ -419,8 +419,8 @@ class FullLadderConfig(LadderConfig):
             "sanity": SanityConfig(),
             "lr_range": LRRangeConfig(batch_size=8),
             "mup": MupCheckConfig(standard_fails=False),
-            "seeds": SeedsConfig(max_steps=160),
-            "ablation": AblationConfig(max_steps=160),
+            "seeds": SeedsConfig(),
+            "ablation": AblationConfig(max_steps=200),
             "probe": ProbeStageConfig(tasks=["copy"], max_steps=150, gate=False),
             "capacity": CapacityConfig(widths=[64, 128], budget_steps=80),
             "scaling": ScalingConfig(widths=[32, 40, 48, 64, 96], max_steps=200),
