@@ -9,8 +9,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from currytrain.errors import ConfigError
-from currytrain.optim.config import warmup_steps
 from currytrain.model.hooks import HasMuP, HiddenMatrices
+from currytrain.optim.config import warmup_steps
 
 
 def param_groups(model: nn.Module, weight_decay: float, lr: float) -> list[dict]:
