@@ -337,19 +337,25 @@ def _check_loggers(cfg: DictConfig) -> list[str]:
     return [] if cfg.logger else ["logger is empty: pass logger=[tensorboard,jsonl] (or at least one logger)"]
 
 
+PARALLEL_CHECKS = (_check_batch_split, _check_tensor_parallel, _check_expert_parallel, _check_context_parallel, _check_pipeline_parallel)
+"""The rules that tie the parallel degrees to the model, the data and the trainer."""
+
 CROSS_GROUP_CHECKS = (
     _check_model_and_data,
     _check_schedule,
     _check_init_from,
     _check_rollback,
-    _check_batch_split,
-    _check_tensor_parallel,
-    _check_expert_parallel,
-    _check_context_parallel,
-    _check_pipeline_parallel,
+    *PARALLEL_CHECKS,
     _check_fabric_precision,
     _check_loggers,
 )
+
+
+def parallel_problems(cfg: DictConfig) -> list[str]:
+    """What validation refuses in the parallel layout of `cfg`: the parallel group's own checks (its degrees
+    against the world size: ParallelDims.problems) and PARALLEL_CHECKS. currytrain advise offers only layouts
+    for which this is empty."""
+    return check_tree(cfg.parallel, "parallel") + [problem for check in PARALLEL_CHECKS for problem in check(cfg)]
 
 
 def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:

@@ -28,6 +28,7 @@ RUN = [
 """The curve tests' run: STEPS steps with checkpoints at 5 and 10 to resume from (test_pipeline_parallel too)."""
 CURVE = [*RUN, "model.n_kv_heads=2"]  # TINY's one kv head would not split over tp=2
 MOE = ["model=moe", "model.expert_hidden=32"]  # 4 experts, top-2, dropless: 2 experts per ep rank
+WIDE_SHARED = ["model.shared_expert=true", "model.mlp_hidden=512"]  # most parameters in the shared expert, which tp replicates
 
 
 def grad_norms(run_dir) -> dict[int, float]:
@@ -40,8 +41,8 @@ def final_val(run_dir) -> float:
 
 @pytest.fixture(scope="module")
 def tp_runs(tmp_path_factory):
-    """One 2-worker launch trains tp@2 from scratch, tp@2 resumed from a one-process checkpoint, ep@2 (model=moe), cp@2
-    and tp@2 of model=moe;
+    """One 2-worker launch trains tp@2 from scratch, tp@2 resumed from a one-process checkpoint, ep@2 (model=moe), cp@2,
+    tp@2 of model=moe, and 3 steps of tp@2 of model=moe with a wide shared expert (for its memory event);
     one-process runs give the references and then resume from tp@2's and ep@2's checkpoints."""
     compose_cfg = compose_tiny
     threads = torch.get_num_threads()
@@ -56,6 +57,7 @@ def tp_runs(tmp_path_factory):
             write_resolved(compose_cfg(*CURVE, *MOE, "parallel=ep"), root / "ep"),
             write_resolved(compose_cfg(*CURVE, "parallel=cp"), root / "cp"),
             write_resolved(compose_cfg(*CURVE, *MOE, "parallel=tp"), root / "tp_moe"),
+            write_resolved(compose_cfg(*CURVE, *MOE, *WIDE_SHARED, "parallel=tp", "trainer.max_steps=3"), root / "tp_moe_shared"),
         ]
         run_two_workers(paths)
         single(compose_cfg, root / "single_from_tp", *CURVE, f"trainer.resume={root / 'tp' / 'checkpoints' / 'step_5'}")
@@ -234,10 +236,16 @@ def test_ring_attention_equals_full_sequence_sdpa(cp):
 @pytest.mark.slow
 def test_advisor_predicts_the_measured_state_bytes_per_rank(tp_runs, compose_cfg):
     """The advisor's parameters + gradients + optimizer state per rank, against what each rank of the runs above held
-    (their journaled memory event), within 20%: one process, tp@2 and ep@2."""
+    (their journaled memory event), within 20%: one process, tp@2, ep@2 and tp@2 of model=moe with a wide shared
+    expert (replicated by tp: counted as split, the prediction would be a third low)."""
     from currytrain.parallel.advise import Layout, count_split_parameters, predict
 
-    cases = {"single": ([], Layout(1, 0)), "tp": (["parallel=tp"], Layout(1, 0, tp=2)), "ep": ([*MOE, "parallel=ep"], Layout(2, 0, ep=2))}
+    cases = {
+        "single": ([], Layout(1, 0)),
+        "tp": (["parallel=tp"], Layout(1, 0, tp=2)),
+        "ep": ([*MOE, "parallel=ep"], Layout(2, 0, ep=2)),
+        "tp_moe_shared": ([*MOE, *WIDE_SHARED, "parallel=tp"], Layout(1, 0, tp=2)),
+    }
     for name, (overrides, layout) in cases.items():
         cfg = compose_cfg(*CURVE, *overrides)
         predicted = predict(cfg, layout, *count_split_parameters(cfg.model))
@@ -259,6 +267,33 @@ def test_advise_command_prints_a_table_and_json(capsys):
     assert by_name["fsdp4 x tp2"]["comm_bytes"] > 0 and result["recommended"] in by_name and result["reasons"]
     assert main(["advise", "--gpus", "2"]) == 0
     assert "per-rank memory" in capsys.readouterr().out
+
+
+ADVISED = {
+    # (advise's overrides and ranks): layouts it must offer, layouts validation refuses
+    "gqa": (["trainer.grad_accum=2", "--gpus", "4"], {"fsdp2 x tp2", "ddp2 x pp2", "ddp2 x cp2"}, {"tp4", "pp4"}),
+    "moe": (["model=moe", "--gpus", "4"], {"ddp4 x ep2", "ddp4 x ep4"}, {"fsdp2 x tp2", "ddp2 x pp2", "ddp2 x cp2"}),
+    "moe at 2": (["model=moe", "model.shared_expert=true", "--gpus", "2"], {"tp2", "ddp2 x ep2"}, {"pp2", "cp2"}),
+}
+
+
+@pytest.mark.parametrize(("args", "offered", "refused"), ADVISED.values(), ids=list(ADVISED))
+def test_advisor_offers_only_layouts_validation_accepts(capsys, args, offered, refused):
+    """Every layout `currytrain advise --json` lists composes, with the overrides it prints, into a config validation
+    accepts whole; what validation refuses (tp with data-parallel ranks for model=moe, pp and cp for moe, tp not
+    dividing the kv heads, 1f1b with fewer microbatches than stages) is listed apart, with validation's reason."""
+    from currytrain.cli import main
+
+    assert main(["advise", *args, "--gpu-mem", "80GiB", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    overrides = [arg for arg in args if "=" in arg]
+    listed = {row["layout"]: row for row in result["layouts"]}
+    assert offered <= set(listed) and not refused & set(listed), sorted(listed)
+    assert refused <= set(result["refused"]) and result["recommended"] in listed
+    for name, row in listed.items():
+        assert validate(compose_tiny(*overrides, *row["overrides"], tiny=False)) == [], name
+    for name, problems in result["refused"].items():
+        assert problems and all(problem.startswith(("parallel.", "trainer.")) for problem in problems), (name, problems)
 
 
 def run_workers(nproc: int, paths: list[str]) -> None:

@@ -7,7 +7,10 @@ ring_attention(q, k, v, group): each rank keeps its queries; the key/value shard
 through batch_isend_irecv, the next transfer started before this step's compute, so the two overlap). Each step
 attends the local query chunks to the visiting key chunks at or before them (chunk pairs wholly in the future are
 skipped) and merges the result into a running output with the online-softmax rule (log-sum-exp weights). The
-backward runs the same ring: key/value shards travel with their gradient accumulators, which return home full.
+backward runs two rings: the key/value shards move on as in the forward (the next hop started before this step's
+compute), and each shard's gradient accumulator follows one step behind on its own ring, sent after a rank has added
+its share and waited for by the next rank only when it adds its own, so the transfer overlaps that rank's compute.
+After cp hops every accumulator is home, full.
 
 Torch's own context_parallel fails for causal attention on CPU (probed with torch 2.13); this one runs on gloo.
 apply_cp puts it into a GQA decoder: each Attention's core becomes the ring, and each block's RoPE tables are
@@ -68,11 +71,20 @@ def _ring_peers(group: dist.ProcessGroup) -> tuple[int, int, int, int]:
     return rank, size, to_next, from_prev
 
 
-def _start_shift(tensors: list[torch.Tensor], to_next: int, from_prev: int, group) -> tuple[list[torch.Tensor], list]:
+_GRAD_TAG = 1  # the gradient ring's messages, apart from the key/value ring's (tag 0) between the same two ranks
+
+
+def _start_shift(tensors: list[torch.Tensor], to_next: int, from_prev: int, group, tag: int = 0) -> tuple[list[torch.Tensor], list]:
     """Send `tensors` to the next rank and receive the previous rank's into new buffers; returns (buffers, requests)."""
     received = [torch.empty_like(t) for t in tensors]
-    ops = [dist.P2POp(dist.isend, t, to_next, group) for t in tensors] + [dist.P2POp(dist.irecv, r, from_prev, group) for r in received]
+    ops = [dist.P2POp(dist.isend, t, to_next, group, tag) for t in tensors]
+    ops += [dist.P2POp(dist.irecv, r, from_prev, group, tag) for r in received]
     return received, dist.batch_isend_irecv(ops)
+
+
+def _wait(requests: list) -> None:
+    for request in requests:
+        request.wait()
 
 
 def _pairs(rank: int, source: int, cp: int) -> list[tuple[int, int, bool]]:
@@ -115,8 +127,7 @@ class _RingAttention(torch.autograd.Function):
                 lse[qi] = merged
             if pending is not None:
                 kv, requests = pending
-                for request in requests:
-                    request.wait()
+                _wait(requests)
         output = torch.cat(out, dim=-2)
         ctx.save_for_backward(q, k, v, output, torch.cat(lse, dim=-1))
         ctx.group, ctx.scale = group, scale
@@ -133,25 +144,42 @@ class _RingAttention(torch.autograd.Function):
         q_chunks, do_chunks = q.float().chunk(2, dim=-2), grad_out.chunk(2, dim=-2)
         lse_chunks, delta_chunks = lse.chunk(2, dim=-1), delta.chunk(2, dim=-1)
         grad_q = [torch.zeros_like(c) for c in q_chunks]
-        # The visiting shard travels with the gradient accumulated for it so far; after cp hops it is home.
-        travel = [k.contiguous(), v.contiguous(), torch.zeros_like(k, dtype=torch.float32), torch.zeros_like(v, dtype=torch.float32)]
+        # Two rings. The key/value shards move on as in the forward: the next hop starts before this step's compute,
+        # which does not change them. The gradient accumulator of the visiting shard follows one step behind on its own
+        # ring: it left the previous rank after that rank's compute, travels during this step's compute, and is waited
+        # for only when this step's contribution is added to it. After cp hops it is home, full.
+        kv, grad_kv, incoming = [k.contiguous(), v.contiguous()], None, None
         for step in range(cp):
-            source = (rank - step) % cp
-            k_chunks, v_chunks = travel[0].float().chunk(2, dim=-2), travel[1].float().chunk(2, dim=-2)
-            grad_k, grad_v = list(travel[2].chunk(2, dim=-2)), list(travel[3].chunk(2, dim=-2))
-            for qi, ki, diagonal in _pairs(rank, source, cp):
-                probs = torch.exp(_scores(q_chunks[qi], k_chunks[ki], scale, diagonal) - lse_chunks[qi].unsqueeze(-1))
-                grad_v[ki] = grad_v[ki] + probs.transpose(-1, -2) @ do_chunks[qi]
-                grad_scores = probs * (do_chunks[qi] @ v_chunks[ki].transpose(-1, -2) - delta_chunks[qi].unsqueeze(-1)) * scale
-                grad_q[qi] = grad_q[qi] + grad_scores @ k_chunks[ki]
-                grad_k[ki] = grad_k[ki] + grad_scores.transpose(-1, -2) @ q_chunks[qi]
-            travel = [travel[0], travel[1], torch.cat(grad_k, dim=-2), torch.cat(grad_v, dim=-2)]
-            if cp == 1:
-                break
-            moving = travel if step < cp - 1 else travel[2:]  # the last hop carries only the gradients home
-            received, requests = _start_shift(moving, to_next, from_prev, group)
-            for request in requests:
-                request.wait()
-            travel = received if step < cp - 1 else travel[:2] + received
-        grad_k, grad_v = travel[2], travel[3]
+            pending = _start_shift(kv, to_next, from_prev, group) if step < cp - 1 else None
+            block = _block_grad_kv(q_chunks, do_chunks, lse_chunks, delta_chunks, grad_q, kv, rank, (rank - step) % cp, cp, scale)
+            if incoming is None:
+                grad_kv = block
+            else:
+                received, requests = incoming
+                _wait(requests)
+                grad_kv = [r + b for r, b in zip(received, block)]
+            if cp > 1:
+                incoming = _start_shift(grad_kv, to_next, from_prev, group, tag=_GRAD_TAG)
+            if pending is not None:
+                kv, requests = pending
+                _wait(requests)
+        if incoming is not None:
+            grad_kv, requests = incoming
+            _wait(requests)
+        grad_k, grad_v = grad_kv
         return torch.cat(grad_q, dim=-2).to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype), None, None
+
+
+def _block_grad_kv(q_chunks, do_chunks, lse_chunks, delta_chunks, grad_q, kv, rank, source, cp, scale) -> list[torch.Tensor]:
+    """This rank's share of the gradient of the visiting key/value shard (from rank `source`), fp32; adds the same
+    pairs' share of the query gradient into `grad_q` (in place, per chunk)."""
+    k_chunks, v_chunks = kv[0].float().chunk(2, dim=-2), kv[1].float().chunk(2, dim=-2)
+    grad_k = [torch.zeros_like(c) for c in k_chunks]
+    grad_v = [torch.zeros_like(c) for c in v_chunks]
+    for qi, ki, diagonal in _pairs(rank, source, cp):
+        probs = torch.exp(_scores(q_chunks[qi], k_chunks[ki], scale, diagonal) - lse_chunks[qi].unsqueeze(-1))
+        grad_v[ki] = grad_v[ki] + probs.transpose(-1, -2) @ do_chunks[qi]
+        grad_scores = probs * (do_chunks[qi] @ v_chunks[ki].transpose(-1, -2) - delta_chunks[qi].unsqueeze(-1)) * scale
+        grad_q[qi] = grad_q[qi] + grad_scores @ k_chunks[ki]
+        grad_k[ki] = grad_k[ki] + grad_scores.transpose(-1, -2) @ q_chunks[qi]
+    return [torch.cat(grad_k, dim=-2), torch.cat(grad_v, dim=-2)]
