@@ -41,3 +41,26 @@ def test_the_scheduler_drives_the_optimizer_lr():
     assert seen[:3] == [1.0, 2.0, 2.0]
     assert seen[-1] == pytest.approx(2.0 * lr_multiplier(9, 10, "cosine", 2, 0.1))
     assert all(a >= b for a, b in zip(seen[1:], seen[2:]))
+
+
+def test_the_default_warmup_is_a_share_of_the_run_so_a_one_step_run_validates(compose_cfg):
+    from currytrain.validate import validate
+
+    cfg = compose_cfg("optimizer.schedule.warmup_steps=null", "trainer.max_steps=1")
+    assert validate(cfg) == []  # a fixed warmup of 30 refused this smoke run
+    param = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([param], lr=1.0)
+    build_scheduler(optimizer, cfg.optimizer.schedule, total_steps=1200)  # the default run: 5% = 60 steps
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1 / 60)
+    explicit = compose_cfg("optimizer.schedule.warmup_steps=7")
+    build_scheduler(optimizer := torch.optim.SGD([param], lr=1.0), explicit.optimizer.schedule, total_steps=1200)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1 / 7)
+
+
+def test_a_bad_warmup_ratio_or_an_explicit_warmup_past_the_run_names_the_key(compose_cfg):
+    from currytrain.validate import validate
+
+    (ratio,) = validate(compose_cfg("optimizer.schedule.warmup_steps=null", "optimizer.schedule.warmup_ratio=1.0"))
+    assert "optimizer.schedule.warmup_ratio=1.0 must be in [0, 1)" in ratio
+    (steps,) = validate(compose_cfg("optimizer.schedule.warmup_steps=6", "trainer.max_steps=6"))
+    assert "optimizer.schedule.warmup_steps=6 is not below trainer.max_steps=6" in steps and "or null" in steps
