@@ -162,7 +162,7 @@ def _bench(args: argparse.Namespace) -> None:
     from currytrain.validate import raise_on_problems, validate
 
     cfg = compose_config(args.overrides)
-    raise_on_problems(validate(cfg))
+    raise_on_problems(validate(cfg) + _one_process_problems(cfg))
     result = step_benchmark(cfg, steps=args.steps, warmup=args.warmup)
     if args.json:
         print(json.dumps(result, indent=2))
@@ -178,6 +178,19 @@ def _bench(args: argparse.Namespace) -> None:
     print(f"MFU: {result['mfu']:.1%} of a {result['roofline_flops_per_s'] / 1e9:,.0f} GFLOP/s matmul roofline measured now")
     print(f"split: forward {split['forward'] * 1e3:.1f} ms, backward {split['backward'] * 1e3:.1f} ms, optimizer {split['optimizer'] * 1e3:.1f} ms")
     print(f"peak memory: {result['peak_memory_bytes'] / 2**20:,.0f} MiB")
+
+
+def _one_process_problems(cfg) -> list[str]:
+    """currytrain bench steps one process: a layout of several would be timed as one, unparallelized."""
+    from currytrain.parallel.dims import launched_world_size
+
+    world = launched_world_size(cfg.parallel.nproc)
+    if world == 1:
+        return []
+    return [
+        f"currytrain bench times one process, and parallel.nproc={cfg.parallel.nproc} asks for {world}: pass parallel=single "
+        "(or parallel.nproc=1); for several workers time whole runs with bench/dp_throughput.py"
+    ]
 
 
 def _estimate(args: argparse.Namespace) -> None:

@@ -131,6 +131,12 @@ def test_missing_folders_are_config_errors(args):
     assert result.returncode == 2 and "Traceback" not in result.stderr and "/no/such" in result.stderr
 
 
+def test_bench_refuses_a_layout_of_several_processes_instead_of_timing_one():
+    result = cli("bench", *TINY, "parallel=ddp", "--steps", "1")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "parallel.nproc=2 asks for 2: pass parallel=single" in result.stderr
+
+
 def test_bench_prints_a_json_record_of_the_step(tmp_path):
     result = cli("bench", *TINY, "--steps", "2", "--warmup", "1", "--json")
     assert result.returncode == 0, result.stderr[-2000:]
