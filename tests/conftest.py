@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -59,13 +60,23 @@ def launch(*overrides: str, tiny: bool = True, timeout: float = 300, env: dict[s
     return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny matmuls gain nothing from a second intra-op thread and lose a lot when the 2 CPUs are shared."""
+@contextlib.contextmanager
+def single_threaded():
+    """One intra-op thread inside the block: tiny matmuls gain nothing from a second one and lose a lot when the 2
+    CPUs are shared. Hydra's global state is cleared after it (module fixtures compose many runs inside)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        GlobalHydra.instance().clear()
+
+
+@pytest.fixture
+def one_thread():
+    with single_threaded():
+        yield
 
 
 @pytest.fixture

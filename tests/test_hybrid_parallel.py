@@ -7,12 +7,10 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
-from hydra.core.global_hydra import GlobalHydra
 from test_model_parallel import MOE, RUN, STEPS, final_val, grad_norms, metrics, run_workers
 from test_parallel import assert_same_curve, curve, single, write_resolved
 
-from conftest import compose_tiny
+from conftest import compose_tiny, single_threaded
 from currytrain.journal import read_journal
 
 CURVE = [*RUN, "model.n_layers=2", "trainer.grad_accum=2"]  # 2 stages of one layer; 2 microbatches in flight (1f1b)
@@ -28,17 +26,12 @@ LAYOUTS = {
 def hybrid_runs(tmp_path_factory):
     """One 4-worker launch trains every layout of LAYOUTS; one process gives the references, then resumes from
     pp2 x dp2's step-5 checkpoint (saved by 4 ranks, 2 of which hold each stage)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("hybrid")
-    try:
+    with single_threaded():
         single(compose_tiny, root / "single", *CURVE)
         single(compose_tiny, root / "single_moe", *CURVE, *MOE)
         run_workers(4, [write_resolved(compose_tiny(*CURVE, *overrides), root / name) for name, (overrides, _) in LAYOUTS.items()])
         single(compose_tiny, root / "single_from_pp2_dp2", *CURVE, f"trainer.resume={root / 'pp2_dp2' / 'checkpoints' / 'step_5'}")
-    finally:
-        torch.set_num_threads(threads)
-        GlobalHydra.instance().clear()
     return root
 
 

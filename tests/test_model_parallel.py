@@ -8,11 +8,9 @@ import json
 import math
 
 import pytest
-import torch
-from hydra.core.global_hydra import GlobalHydra
 from test_parallel import assert_same_curve, curve, run_two_workers, single, write_resolved
 
-from conftest import compose_tiny
+from conftest import compose_tiny, single_threaded
 from currytrain.journal import read_journal
 from currytrain.validate import validate
 
@@ -45,10 +43,8 @@ def tp_runs(tmp_path_factory):
     tp@2 of model=moe, and 3 steps of tp@2 of model=moe with a wide shared expert (for its memory event);
     one-process runs give the references and then resume from tp@2's and ep@2's checkpoints."""
     compose_cfg = compose_tiny
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("tp")
-    try:
+    with single_threaded():
         single(compose_cfg, root / "single", *CURVE)
         single(compose_cfg, root / "single_moe", *CURVE, *MOE)
         paths = [
@@ -62,9 +58,6 @@ def tp_runs(tmp_path_factory):
         run_two_workers(paths)
         single(compose_cfg, root / "single_from_tp", *CURVE, f"trainer.resume={root / 'tp' / 'checkpoints' / 'step_5'}")
         single(compose_cfg, root / "single_moe_from_ep", *CURVE, *MOE, f"trainer.resume={root / 'ep' / 'checkpoints' / 'step_5'}")
-    finally:
-        torch.set_num_threads(threads)
-        GlobalHydra.instance().clear()
     return root
 
 

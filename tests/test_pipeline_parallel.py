@@ -7,12 +7,10 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
-from hydra.core.global_hydra import GlobalHydra
 from test_model_parallel import RUN, STEPS, final_val, grad_norms
 from test_parallel import assert_same_curve, curve, run_two_workers, single, write_resolved
 
-from conftest import compose_tiny
+from conftest import compose_tiny, single_threaded
 from currytrain.journal import read_journal
 
 CURVE = [
@@ -33,19 +31,14 @@ def pp_runs(tmp_path_factory):
     """One 2-worker launch trains pp@2 under each schedule, and resumes pp@2 from a one-process checkpoint; one
     process gives the reference and then resumes from 1f1b's checkpoint."""
     compose_cfg = compose_tiny
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("pp")
-    try:
+    with single_threaded():
         single(compose_cfg, root / "single", *CURVE)
         paths = [write_resolved(compose_cfg(*CURVE, "parallel=pp", f"parallel.pp_schedule={name}", *extra), root / name) for name, extra in SCHEDULES.items()]
         from_single = f"trainer.resume={root / 'single' / 'checkpoints' / 'step_5'}"
         paths.append(write_resolved(compose_cfg(*CURVE, "parallel=pp", from_single), root / "pp_from_single"))
         run_two_workers(paths)
         single(compose_cfg, root / "single_from_pp", *CURVE, f"trainer.resume={root / '1f1b' / 'checkpoints' / 'step_5'}")
-    finally:
-        torch.set_num_threads(threads)
-        GlobalHydra.instance().clear()
     return root
 
 
