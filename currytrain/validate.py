@@ -182,14 +182,19 @@ def _check_rollback(cfg: DictConfig) -> list[str]:
     return []
 
 
+def _resolved_dims(cfg: DictConfig) -> ParallelDims | None:
+    """The run's parallel degrees, or None when they do not fit the world (the parallel group's check says so)."""
+    if not _is(cfg.parallel, ParallelConfig) or cfg.parallel.nproc < 1:
+        return None
+    world = launched_world_size(cfg.parallel.nproc)
+    return None if ParallelDims.problems(cfg.parallel, "parallel", world) else ParallelDims.resolve(cfg.parallel, world)
+
+
 def _check_batch_split(cfg: DictConfig) -> list[str]:
     """The dp ranks split each global batch evenly (degrees that do not fit the world are reported by the parallel check)."""
-    if not _is(cfg.parallel, ParallelConfig) or cfg.parallel.nproc < 1:
+    if (dims := _resolved_dims(cfg)) is None:
         return []
-    world = launched_world_size(cfg.parallel.nproc)
-    if ParallelDims.problems(cfg.parallel, "parallel", world):
-        return []
-    dp = ParallelDims.resolve(cfg.parallel, world).dp_size
+    dp = dims.dp_size
     batch = cfg.trainer.batch_size
     if batch >= 1 and batch % dp:
         return [
@@ -225,9 +230,8 @@ def _check_tensor_parallel(cfg: DictConfig) -> list[str]:
         problems.append(
             f"parallel.tp={tp} with model.tie_embeddings=true is not supported (the tied weight would be sharded twice): pass model.tie_embeddings=false"
         )
-    world = launched_world_size(cfg.parallel.nproc)
-    if moe and cfg.parallel.nproc >= 1 and not ParallelDims.problems(cfg.parallel, "parallel", world):
-        dp = ParallelDims.resolve(cfg.parallel, world).dp_size
+    if moe and (dims := _resolved_dims(cfg)) is not None:
+        dp = dims.dp_size
         if dp > 1:
             problems.append(
                 f"parallel.tp={tp} with model=moe runs without data-parallel ranks for now ({dp} here: its replicated MoE layers are not "

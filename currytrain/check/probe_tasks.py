@@ -59,8 +59,8 @@ class Probe(Stage):
         gate: bool = True,
     ):
         self.tasks, self.max_steps, self.num_symbols, self.seq_len = list(tasks), max_steps, num_symbols, seq_len
-        self.overrides, self.eval_batches, self.min_accuracy, self.gate = list(overrides), eval_batches, min_accuracy, gate
-        self.overrides = ([f"trainer.batch_size={batch_size}"] if batch_size else []) + self.overrides
+        self.overrides = ([f"trainer.batch_size={batch_size}"] if batch_size else []) + list(overrides)
+        self.eval_batches, self.min_accuracy, self.gate = eval_batches, min_accuracy, gate
         self.runs: dict[str, SubRun] = {}
 
     def assess(self, parts: Components | None, ctx: StageContext) -> StageResult:
