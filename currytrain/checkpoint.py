@@ -14,10 +14,11 @@ import json
 import os
 import pickle
 import shutil
+import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -25,11 +26,13 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_model_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from currytrain.diskio import write_failure_cause
 from currytrain.errors import ConfigError, RunFailed
 from currytrain.weights import MARKER, STEP_DIR, checkpoint_problem, complete_checkpoints, file_digests, is_complete
+
+if TYPE_CHECKING:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
 
 
 class TrainState(Stateful):
@@ -46,7 +49,7 @@ class TrainState(Stateful):
         """False while loading a checkpoint that has no RNG state for this rank (saved at a smaller world size)."""
 
     def state_dict(self) -> dict[str, Any]:
-        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
+        if is_zero(self.optimizer):
             model_state, optim_state = get_model_state_dict(self.model), zero_optimizer_state(self.model, self.optimizer)
         else:
             model_state, optim_state = get_state_dict(self.model, self.optimizer)
@@ -56,7 +59,7 @@ class TrainState(Stateful):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if isinstance(self.optimizer, ZeroRedundancyOptimizer):
+        if is_zero(self.optimizer):
             set_model_state_dict(self.model, state["model"])
             load_zero_optimizer_state(self.optimizer, state["optimizer"])
         else:
@@ -66,6 +69,13 @@ class TrainState(Stateful):
         self.data_offset = int(state["data_offset"])
         if "rng" in state:
             torch.set_rng_state(state["rng"][f"rank_{self.rank}"])
+
+
+def is_zero(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer` is a ZeroRedundancyOptimizer, without importing torch.distributed.optim (0.4 s of every
+    run's start): only parallel.zero_stage=1 imports it, so when it is not loaded the optimizer cannot be one."""
+    module = sys.modules.get("torch.distributed.optim")
+    return module is not None and isinstance(optimizer, module.ZeroRedundancyOptimizer)
 
 
 def zero_optimizer_state(model: torch.nn.Module, optimizer: ZeroRedundancyOptimizer) -> dict[str, Any]:

@@ -38,12 +38,9 @@ class MemoryEstimate:
 
 def count_parameters(model_cfg: DictConfig) -> int:
     """Exact, from the model built on the meta device: shapes only, no memory."""
-    import torch
+    from currytrain.model import build_shapes
 
-    from currytrain.model import build_model
-
-    with torch.device("meta"):
-        model = build_model(model_cfg)
+    model = build_shapes(model_cfg)
     return sum(p.numel() for p in model.parameters())
 
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, launch
+from conftest import ROOT, TINY, launch
 
 BAD_CONFIGS = [
     # (overrides, text every message must contain)
@@ -157,6 +157,33 @@ def test_cfg_job_is_fast_path_without_heavy_imports():
     assert "_target_: currytrain.model.gqa.GQATransformer" in result.stdout
     heavy = json.loads(result.stdout.split("HEAVY=")[1])
     assert heavy == []
+
+
+def launch_probe(argv: list[str], modules: set[str]) -> tuple[int, list[str]]:
+    """Run launch.py with `argv` in a fresh interpreter: its exit code, and which of `modules` it had loaded."""
+    probe = (
+        f"import sys, runpy; sys.argv = {['launch.py', *argv]!r}\n"
+        "code = 0\n"
+        "try:\n    runpy.run_path('launch.py', run_name='__main__')\n"
+        "except SystemExit as exit_:\n    code = exit_.code or 0\n"
+        f"import json; print('LOADED=' + json.dumps([code, sorted(set({sorted(modules)!r}) & set(sys.modules))]))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "LOADED=" in result.stdout, result.stderr[-2000:]
+    code, loaded = json.loads(result.stdout.split("LOADED=")[1])
+    return code, loaded
+
+
+def test_start_up_skips_the_modules_it_does_not_use(tmp_path):
+    """Issue 10's start-up: a one-process run does not import torch.distributed.optim (0.4 s; ZeRO only), and a
+    config that validation refuses for its size is refused without torch._dynamo (0.7 s; meta-device init drew
+    through torch's Python reference kernels, which import it). A run's optimizer imports torch._dynamo anyway."""
+    run = tmp_path / "run"
+    code, loaded = launch_probe([*TINY, "trainer.max_steps=1", "optimizer.schedule.warmup_steps=null", f"hydra.run.dir={run}"], {"torch.distributed.optim"})
+    assert (code, loaded) == (0, [])
+    assert (run / "checkpoints" / "step_1").is_dir()  # it checkpointed (DCP) without them
+    code, loaded = launch_probe(["model.dim=100000", f"hydra.run.dir={tmp_path / 'big'}"], {"torch", "torch._dynamo"})
+    assert (code, loaded) == (2, ["torch"])  # the memory estimate built the model on the meta device
 
 
 HOSTILE_TARGETS = ["torch.hub.load", "torch.save", "torch.os.system", "os.system", "builtins.eval", "currytrain.run.os.system"]

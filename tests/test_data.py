@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from currytrain.data.corpus import StdlibBytes, SyntheticTokens, TextFiles
+from currytrain.data.corpus import StdlibBytes, SyntheticTokens, TextFiles, stdlib_sources
 from currytrain.errors import ConfigError
 
 
@@ -19,6 +19,15 @@ def test_stdlib_corpus_is_split_by_file_and_deterministic_given_the_seed():
     assert len(first.train) + len(first.val) == 200_000
     assert abs(len(first.val) / 200_000 - 0.1) < 0.01
     assert first.train_files[0].suffix == ".py" and "site-packages" not in first.train_files[0].parts
+
+
+def test_stdlib_sources_are_every_py_file_outside_site_packages(tmp_path):
+    for name in ("os.py", "json/decoder.py", "json/data.txt", "site-packages/numpy/core.py", "a/site-packages/b.py", "a/b/c.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x = 1\n")
+    (tmp_path / "link.py").symlink_to(tmp_path / "missing.py")  # a dangling link is no file
+    found = sorted(path.relative_to(tmp_path).as_posix() for path in stdlib_sources(tmp_path))
+    assert found == ["a/b/c.py", "json/decoder.py", "os.py"]
 
 
 def test_batches_are_a_pure_function_of_split_step_and_micro():

@@ -55,13 +55,10 @@ def run_tokens(cfg: DictConfig) -> int:
 
 
 def flops_per_token(cfg: DictConfig) -> float:
-    import torch
-
     from currytrain.benchmark import model_flops_per_token
-    from currytrain.model import build_model
+    from currytrain.model import build_shapes
 
-    with torch.device("meta"):
-        model = build_model(cfg.model)
+    model = build_shapes(cfg.model)
     return float(model_flops_per_token(model, cfg.model.n_layers, cfg.model.dim, cfg.data.seq_len))
 
 

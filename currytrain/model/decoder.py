@@ -89,10 +89,13 @@ class Decoder(nn.Module):
         # Dynamic scaling rebuilds the tables in forward for inputs longer than the original context.
         self.rope_dynamic = (rope_head_dim, rope_theta, rope_scaling) if rope_scaling is not None and rope_scaling.kind == "dynamic" else None
         if rope_head_dim is not None:
-            cos, sin = build_rope_cache(max_seq_len, rope_head_dim, rope_theta, scaling=rope_scaling)
+            # Computed on the CPU, then placed. On the meta device (a model built for its shapes) torch would run the
+            # float arange through its Python reference kernels, whose first call imports torch._dynamo (0.7 s).
+            cos, sin = build_rope_cache(max_seq_len, rope_head_dim, rope_theta, device="cpu", scaling=rope_scaling)
+            device = torch.get_default_device()
             # Non-persistent: derived from the config, so checkpoints and HF exports carry only weights.
-            self.register_buffer("rope_cos", cos, persistent=False)
-            self.register_buffer("rope_sin", sin, persistent=False)
+            self.register_buffer("rope_cos", cos.to(device), persistent=False)
+            self.register_buffer("rope_sin", sin.to(device), persistent=False)
         self.reset_parameters()
 
     def _hidden_matrices(self) -> list[nn.Parameter]:

@@ -90,14 +90,11 @@ class ParameterCounts(NamedTuple):
 
 def count_split_parameters(model_cfg: DictConfig) -> ParameterCounts:
     """The model's parameters by how the layouts split them, counted exactly on the meta device."""
-    import torch
-
-    from currytrain.model import build_model
+    from currytrain.model import build_shapes
     from currytrain.model.layers import RMSNorm
     from currytrain.model.moe import GroupedExperts, MoE
 
-    with torch.device("meta"):
-        model = build_model(model_cfg)
+    model = build_shapes(model_cfg)
     count = lambda types: sum(p.numel() for module in model.modules() if isinstance(module, types) for p in module.parameters())  # noqa: E731
     experts = count(GroupedExperts)
     # apply_tp's plan: norms SequenceParallel (whole weights), each MoE layer replicated whole (its experts are counted apart).
