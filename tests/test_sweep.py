@@ -317,14 +317,18 @@ def test_hydra_optuna_sweeper_config_runs_unchanged_and_a_nan_trial_is_fail_not_
 @pytest.mark.slow
 def test_a_killed_sweeper_resumes_to_exactly_n_trials(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    args = ["-m", "sweep=random", "sweep.n_trials=5", f"hydra.sweep.dir={sweep_dir}"]
+    # Trials long enough (a few hundred tiny steps) that the kill lands while trial 3 trains: with TINY's six
+    # steps a fast machine finished the trial inside one poll, and the resume then rightly recovered it.
+    longer = ["trainer.max_steps=300", "trainer.eval_every=150", "trainer.log_every=10"]
+    args = ["-m", "sweep=random", "sweep.n_trials=5", *longer, f"hydra.sweep.dir={sweep_dir}"]
     command = [sys.executable, str(ROOT / "launch.py"), *args[:1], *TINY, *args[1:]]
     sweeper = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    deadline = time.monotonic() + 240
-    while not (sweep_dir / "3" / "journal.jsonl").exists() and sweeper.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    sweeper.send_signal(signal.SIGKILL)  # three trials done, the fourth one running
+    journal, deadline = sweep_dir / "3" / "journal.jsonl", time.monotonic() + 240
+    while '"type": "metrics"' not in (journal.read_text() if journal.exists() else "") and sweeper.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    sweeper.send_signal(signal.SIGKILL)  # three trials done, the fourth one training
     sweeper.wait()
+    assert '"type": "finish"' not in journal.read_text()
     assert sum(t.state == TrialState.COMPLETE for t in _study(sweep_dir, "random").trials) == 3
     again = launch(*args)
     assert again.returncode == 0, again.stderr[-3000:]
