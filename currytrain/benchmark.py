@@ -106,7 +106,8 @@ def _split_step(parts: Components, microbatches: list) -> dict[str, float]:
         inputs, targets = inputs.to(device), targets.to(device)
         tic = time.perf_counter()
         with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
-            loss = parts.loss_fn(parts.model(inputs), targets) / len(microbatches)
+            task_loss, auxiliary = parts.forward_loss(inputs, targets)
+            loss = (task_loss if auxiliary is None else task_loss + auxiliary) / len(microbatches)
         _synchronize(device)
         split["forward"] += time.perf_counter() - tic
         tic = time.perf_counter()
@@ -138,7 +139,7 @@ def step_benchmark(cfg: DictConfig, steps: int = 20, warmup: int = 3) -> dict[st
             parts.model,
             parts.optimizer,
             microbatches,
-            loss_fn=parts.loss_fn,
+            forward_loss=parts.forward_loss,
             grad_clip=trainer.grad_clip,
             autocast_dtype=parts.autocast_dtype,
             loss_context=parts.state.loss_context,

@@ -19,9 +19,9 @@ from omegaconf import DictConfig
 from currytrain.build import allow_modules, build
 from currytrain.model import build_model
 from currytrain.optim.builders import build_scheduler
-from currytrain.parallel.compile import compile_loss
+from currytrain.parallel.compile import compile_forward_loss, compile_loss, compiles_whole
 from currytrain.parallel.state import ParallelState
-from currytrain.trainer.step import causal_lm_loss
+from currytrain.trainer.step import ForwardLoss, causal_lm_loss, model_loss
 
 PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -34,16 +34,23 @@ class Components:
     state: ParallelState
     data: Any
     model: torch.nn.Module
-    """Moved to state.device and parallelized (TP, AC, compile, FSDP as configured)."""
+    """Moved to state.device and parallelized (TP, AC, per-block compile, FSDP as configured)."""
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     module: torch.nn.Module
     """`model` as built, with its own parameter names (checkpoints, weight loading); `model` itself unless
     a runtime wrapped it (parallel.runtime=fabric)."""
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = causal_lm_loss
-    """The training loss of (logits, targets); compiled under trainer.compile."""
+    """The training loss of (logits, targets); compiled under trainer.compile with parallelism."""
     pipeline: Any = None
     """The PipelineRunner that steps this rank's stages under pipeline parallelism (parallel.pp > 1), else None."""
+    forward_loss: ForwardLoss | None = None
+    """A microbatch's forward and loss (what accumulated_step runs): under trainer.compile on one process the
+    model and the loss compiled as one graph; otherwise, and when not given, model_loss(model, loss_fn)."""
+
+    def __post_init__(self) -> None:
+        if self.forward_loss is None:
+            self.forward_loss = model_loss(self.model, self.loss_fn)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -60,13 +67,17 @@ def build_components(cfg: DictConfig, state: ParallelState, data: Any = None) ->
     torch.manual_seed(cfg.seed)
     data = build(cfg.data) if data is None else data
     parallel = build(cfg.parallel)
-    model = parallel.apply(build_model(cfg.model), state, cfg.model, cfg.trainer.precision, compile=cfg.trainer.compile)
+    # trainer.compile: one graph of forward and loss on one process, else per block (see compiles_whole).
+    whole = cfg.trainer.compile and compiles_whole(state)
+    per_block = cfg.trainer.compile and not whole
+    model = parallel.apply(build_model(cfg.model), state, cfg.model, cfg.trainer.precision, compile=per_block)
     # The optimizer sees the parallelized model (FSDP's sharded parameters); ZeRO-1 then wraps it.
     optimizer = parallel.wrap_optimizer(build(cfg.optimizer, exclude=["schedule"], model=model), state)
     scheduler = build_scheduler(optimizer, cfg.optimizer.schedule, cfg.trainer.max_steps)
-    loss_fn = compile_loss(causal_lm_loss) if cfg.trainer.compile else causal_lm_loss
+    loss_fn = compile_loss(causal_lm_loss) if per_block else causal_lm_loss
     pipeline = parallel.build_pipeline(model, state, cfg.model, loss_fn, cfg.trainer.grad_accum)
-    return Components(cfg, state, data, model, optimizer, scheduler, parallel.unwrap(model, state), loss_fn, pipeline)
+    forward_loss = compile_forward_loss(model, loss_fn) if whole else None
+    return Components(cfg, state, data, model, optimizer, scheduler, parallel.unwrap(model, state), loss_fn, pipeline, forward_loss)
 
 
 @contextlib.contextmanager

@@ -1,5 +1,6 @@
-"""trainer.compile: torch.compile per block, the compiled loss, the persistent compile cache and what the
-compilation cost (journaled as the `compile` event)."""
+"""trainer.compile: on one process the forward and the loss compiled as one graph; with parallelism torch.compile
+per block and the compiled loss; the persistent compile cache and what the compilation cost (journaled as the
+`compile` event)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from currytrain.parallel.state import ParallelState
+from currytrain.trainer.step import ForwardLoss, model_loss
 
 _SET_HERE: set[str] = set()
 """The cache folders use_compile_cache chose in this process."""
@@ -31,6 +35,21 @@ def apply_compile(model: nn.Module) -> None:
     serves them all; the embedding and the output layer stay eager (the compiled loss takes the logits)."""
     for block in model.layers:
         block.compile()
+
+
+def compiles_whole(state: ParallelState) -> bool:
+    """Whether trainer.compile compiles the forward and the loss as one graph (compile_forward_loss): on one process
+    with the model whole (no mesh: no DDP, FSDP, TP, CP, EP or PP hooks or DTensors in the graph) and not under
+    Fabric. Measured on the 2-core CPU (docs/performance.md): tiny fp32 1.31x eager against 1.23x per block; with
+    parallelism the blocks are compiled apart, so that the wrappers' collectives and hooks stay outside the graphs."""
+    return state.mesh is None and state.fabric is None
+
+
+def compile_forward_loss(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> ForwardLoss:
+    """model_loss(model, loss_fn) compiled as one function: embedding, blocks, readout and loss in one graph, so
+    inductor fuses across the block boundaries and the logits' upcast into the cross-entropy. The model itself is
+    left as it is (eval, checkpoints and `hf export` see the plain module)."""
+    return torch.compile(model_loss(model, loss_fn))
 
 
 def compile_loss(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from currytrain.parallel.stages import PipelineRunner
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+ForwardLoss = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
+"""(inputs, targets) -> (task loss, the model's auxiliary loss or None): one microbatch's forward and loss."""
 
 
 def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -33,6 +35,17 @@ def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def full(value: torch.Tensor) -> torch.Tensor:
     """A plain tensor of `value`: a DTensor (a loss computed under loss_parallel is one) is gathered whole."""
     return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def model_loss(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = causal_lm_loss) -> ForwardLoss:
+    """The ForwardLoss of `model` and `loss_fn`; the auxiliary loss is the model's auxiliary_loss() (MoE balancing)
+    after the forward, None for a model without one. trainer.compile on one process compiles this whole function."""
+
+    def forward_loss(inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        task_loss = loss_fn(model(inputs), targets)
+        return task_loss, model.auxiliary_loss() if isinstance(model, HasAuxiliaryLoss) else None
+
+    return forward_loss
 
 
 @dataclass
@@ -125,6 +138,7 @@ def accumulated_step(
     microbatches: Sequence[Batch],
     *,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = causal_lm_loss,
+    forward_loss: ForwardLoss | None = None,
     grad_clip: float = 0.0,
     autocast_dtype: torch.dtype | None = None,
     measure_grads: bool = False,
@@ -136,7 +150,9 @@ def accumulated_step(
     """Forward+backward each microbatch with its loss scaled by 1/N, then clip and take one optimizer step,
     unless the gradients are not finite.
 
-    A model with auxiliary_loss() (MoE balancing) has it added to each microbatch's loss. `backward` runs each
+    A model with auxiliary_loss() (MoE balancing) has it added to each microbatch's loss. `forward_loss` runs a
+    microbatch's forward and loss (Components.forward_loss: compiled as one graph under trainer.compile on one
+    process); by default model_loss(model, loss_fn). `backward` runs each
     microbatch's backward (Fabric's under parallel.runtime=fabric). `loss_context` makes the context each microbatch's
     forward, loss and backward run in (ParallelState.loss_context: loss_parallel under tensor parallelism).
 
@@ -157,14 +173,15 @@ def accumulated_step(
     if pipeline is not None:
         total_loss, num_tokens = pipeline.step(microbatches, device, autocast_dtype)
     else:
+        forward = forward_loss or model_loss(model, loss_fn)
         for inputs, targets in microbatches:
             inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
             autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
             with loss_context():
                 with autocast:
-                    task_loss = loss_fn(model(inputs), targets)
+                    task_loss, auxiliary = forward(inputs, targets)
                     # full(): under tensor parallelism the task loss is a DTensor and the MoE losses plain tensors.
-                    loss = full(task_loss) + model.auxiliary_loss() if isinstance(model, HasAuxiliaryLoss) else task_loss
+                    loss = task_loss if auxiliary is None else full(task_loss) + auxiliary
                 # fp16: the loss is scaled up so that small gradients do not underflow; unscaled before clipping.
                 backward(scaler.scale(loss / num_micro) if scaler is not None else loss / num_micro)
             # The reported loss is the task loss alone, so runs with and without auxiliary losses compare.

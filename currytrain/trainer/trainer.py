@@ -64,7 +64,7 @@ class Trainer:
         parts = components or build_components(cfg, self.state)
         self.data, self.model, self.optimizer, self.scheduler = parts.data, parts.model, parts.optimizer, parts.scheduler
         self.module = parts.module  # the model with its own parameter names, for checkpoints and weight loading
-        self.autocast_dtype, self.loss_fn = parts.autocast_dtype, parts.loss_fn
+        self.autocast_dtype, self.forward_loss = parts.autocast_dtype, parts.forward_loss
         self.pipeline = parts.pipeline  # pipeline parallelism: its schedule steps (and evaluates) this rank's stages
         # fp16 needs loss scaling (validation allows it on CUDA only); bf16 has fp32's range and needs none.
         self.scaler = torch.amp.GradScaler(self.state.device.type) if self.cfg.precision == "fp16" else None
@@ -145,7 +145,7 @@ class Trainer:
             self.model,
             self.optimizer,
             microbatches,
-            loss_fn=self.loss_fn,
+            forward_loss=self.forward_loss,
             grad_clip=cfg.grad_clip,
             autocast_dtype=self.autocast_dtype,
             measure_grads=not self.memory_logged,
@@ -203,7 +203,7 @@ class Trainer:
         losses = self.state.mean_over("loss", torch.tensor([result.loss for result in results], device=self.state.device)).tolist()
         now = time.perf_counter()
         seconds, self.fetched_at = (now - self.fetched_at) / len(steps), now
-        if not self.metrics and self.cfg.compile:  # the first step compiled the blocks and the loss
+        if not self.metrics and self.cfg.compile:  # the first step compiled the graphs
             self.journal.event("compile", step=steps[0], **compile_report(seconds))
         metrics = []
         for step, result, loss, lr in zip(steps, results, losses, lrs):
