@@ -9,8 +9,8 @@ tokens with AdamW and gradient clipping:
   curryTrain   Trainer.train_step(): the real loop with metrics, journal, loggers and progress bookkeeping
   plain        a plain-PyTorch Llama written here, stepped by a hand-written loop (no framework)
   transformers LlamaForCausalLM with the equivalent LlamaConfig, stepped by the same hand-written loop
-  with --compile, also: curryTrain+compile (trainer.compile=true) and plain+compile (each block compiled,
-  as trainer.compile does); their compilation falls in the warm-up rounds, and "x plain" stays eager plain
+  with --compile, also: curryTrain+compile (trainer.compile=true) and plain+compile (torch.compile(model),
+  the loss eager); their compilation falls in the warm-up rounds, and "x plain" stays eager plain
 Each round steps every contender once, in turn (so load from other processes hits all alike); the
 first rounds are warm-up. Printed: median tokens/s, the ratio to plain, and MFU against a matmul
 roofline measured in the same run for the dtype (model FLOPs as in `currytrain bench`).
@@ -135,9 +135,7 @@ def measure(size: str, precision: str, steps: int, warmup: int, workdir: Path, c
     }
     if compile:
         compiled, _ = build_trainer(size, precision, steps + warmup, workdir / f"{size}-{precision}-compile", "trainer.compile=true")
-        plain_compiled = copy.deepcopy(plain)
-        for block in plain_compiled.layers:
-            block.compile()
+        plain_compiled = torch.compile(copy.deepcopy(plain))  # what a plain-PyTorch user writes
         optimizers["plain+compile"] = torch.optim.AdamW(plain_compiled.parameters(), lr=1e-3, fused=True)
         contenders["curryTrain+compile"] = lambda step: compiled.train_step()
         contenders["plain+compile"] = lambda step: hand_step(plain_compiled, optimizers["plain+compile"], batches[step], dtype, lambda model, x: model(x))

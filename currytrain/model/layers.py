@@ -171,17 +171,22 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.n_kv_heads != self.n_heads:
-            # Expanding k/v explicitly keeps every SDPA backend available (enable_gqa is not on all of them).
+        # Grouped kv heads: SDPA's enable_gqa where its kernel for this input takes them (CPU; flash attention on
+        # a GPU, which needs 16-bit inputs), else k/v expanded to every head: on a GPU in fp32 the efficient and
+        # cuDNN kernels refuse enable_gqa and SDPA would fall back to the slow math one. The ring attention of
+        # context parallelism takes expanded heads.
+        gqa = self.n_kv_heads != self.n_heads and self.core is None and (q.device.type == "cpu" or q.dtype in (torch.float16, torch.bfloat16))
+        if self.n_kv_heads != self.n_heads and not gqa:
             groups = self.n_heads // self.n_kv_heads
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
         if self.core is not None:
             out = self.core(q, k, v, self.softmax_scale)
         elif self.sliding_window and seq_len > self.sliding_window:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=self._window_mask(seq_len, x.device), scale=self.softmax_scale)
+            mask = self._window_mask(seq_len, x.device)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.softmax_scale, enable_gqa=gqa)
         else:  # the window covers the sequence: plain causal attention keeps the fused kernels
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=gqa)
         return self.wo(out.transpose(1, 2).reshape(batch, seq_len, -1))
 
     def _window_mask(self, seq_len: int, device: torch.device) -> torch.Tensor:

@@ -25,6 +25,7 @@ from currytrain.model.hooks import HasTrainingMetrics
 from currytrain.parallel.compile import compile_report, use_compile_cache
 from currytrain.parallel.memory import optimizer_state_bytes, param_bytes
 from currytrain.parallel.state import ParallelState, resolve_device
+from currytrain.trainer.config import TrainerConfig
 from currytrain.trainer.heartbeat import Heartbeat
 from currytrain.trainer.hooks import Action, Decision, StepHook, decide
 from currytrain.trainer.progress import Progress
@@ -55,7 +56,9 @@ class Trainer:
     def __init__(
         self, cfg: DictConfig, run_dir: Path, state: ParallelState | None = None, *, components: Components | None = None, hooks: Sequence[StepHook] = ()
     ):
-        self.cfg = cfg.trainer
+        # A plain dataclass, not the DictConfig node: the loop reads a dozen fields every step, and each read of
+        # a DictConfig attribute costs ~30 us (1-2% of a tiny model's step on a 2-core CPU).
+        self.cfg = TrainerConfig(**OmegaConf.to_container(cfg.trainer, resolve=True))
         self.model_cfg = cfg.model
         self.run_dir = Path(run_dir)
         self.state = state or ParallelState(device=resolve_device(self.cfg.device))  # default: one process, no group
