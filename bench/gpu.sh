@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The GPU benchmark: tokens/s and MFU of a ~1B-parameter GQA model (dim 2048, 18 layers, 16 heads / 4 kv heads,
+# SwiGLU 5632, vocab 32000, seq 2048: 0.94B parameters) on one GPU, through `currytrain bench` (the run's own
+# build_components and run_accumulated_step). One table, in about 5 minutes on an H100 (compilation included):
+#
+#   bash bench/gpu.sh                 # needs a CUDA torch in .venv
+#   bash bench/gpu.sh --smoke         # the same pipeline at tiny dims on the CPU, to check the script itself
+#
+# Rows: bf16 eager; bf16 + trainer.compile (one graph: one process, model whole); bf16 + compile under
+# parallel=fsdp on this one GPU (fully_shard per block, blocks compiled apart). MFU is against the bf16 matmul
+# roofline `currytrain bench` measures in the same process, and against the card's dense bf16 peak
+# (PEAK_TFLOPS, default 989: H100/H200 SXM).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+PEAK_TFLOPS=${PEAK_TFLOPS:-989}
+STEPS=${STEPS:-10}
+MODEL="model.dim=2048 model.n_layers=18 model.n_heads=16 model.n_kv_heads=4 model.mlp_hidden=5632 model.vocab_size=32000 model.max_seq_len=2048"
+RUN="data=synthetic trainer.batch_size=4 trainer.precision=bf16 trainer.device=cuda"
+if [[ "${1:-}" == "--smoke" ]]; then
+    MODEL="model/size=tiny"
+    RUN="data=synthetic trainer.batch_size=4 trainer.device=cpu"
+    STEPS=2
+fi
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+run() {  # name, overrides...
+    local name=$1
+    shift
+    echo "[$(date +%T)] $name" >&2
+    "$PY" -m currytrain.cli bench $MODEL $RUN "$@" --steps "$STEPS" --warmup 3 --json >"$OUT/$name.json"
+}
+run eager trainer.compile=false
+if [[ "${1:-}" == "--smoke" ]]; then
+    run compile trainer.compile=false  # no C++ compiler needed for the smoke run
+    run fsdp_compile parallel=fsdp parallel.nproc=1 trainer.compile=false
+else
+    run compile trainer.compile=true
+    run fsdp_compile parallel=fsdp parallel.nproc=1 trainer.compile=true
+fi
+"$PY" - "$OUT" "$PEAK_TFLOPS" <<'PYTHON'
+import json, sys
+from pathlib import Path
+
+out, peak = Path(sys.argv[1]), float(sys.argv[2]) * 1e12
+print(f"{'run':<14}{'tokens/s':>12}{'step ms':>10}{'TFLOP/s':>10}{'MFU (roofline)':>16}{'MFU (peak)':>12}{'warm-up s':>11}{'peak GiB':>10}")
+for name in ("eager", "compile", "fsdp_compile"):
+    r = json.loads((out / f"{name}.json").read_text())
+    achieved = r["achieved_flops_per_s"]
+    print(
+        f"{name:<14}{r['tokens_per_s']:>12,.0f}{r['step_seconds']['median'] * 1e3:>10.1f}{achieved / 1e12:>10.1f}"
+        f"{r['mfu']:>16.1%}{achieved / peak:>12.1%}{r['warmup_seconds']:>11.1f}{r['peak_memory_bytes'] / 2**30:>10.1f}"
+    )
+print(f"model {r['config']}, {r['tokens_per_step']} tokens/step, roofline {r['roofline_flops_per_s'] / 1e12:.0f} TFLOP/s, {r['dtype']} on {r['device']}")
+PYTHON
