@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The GPU benchmark: tokens/s and MFU of a ~1B-parameter GQA model (dim 2048, 18 layers, 16 heads / 4 kv heads,
 # SwiGLU 5632, vocab 32000, seq 2048: 0.94B parameters) on one GPU, through `currytrain bench` (the run's own
-# build_components and run_accumulated_step). One table, in about 5 minutes on an H100 (compilation included):
+# build_components and run_accumulated_step). One table, in about 2 minutes on an H200 (cold compile included):
 #
 #   bash bench/gpu.sh                 # needs a CUDA torch in .venv
+#   PY=python3 bash bench/gpu.sh      # another interpreter that has curryTrain's dependencies
 #   bash bench/gpu.sh --smoke         # the same pipeline at tiny dims on the CPU, to check the script itself
 #
 # Rows: bf16 eager; bf16 + trainer.compile (one graph: one process, model whole); bf16 + compile under
