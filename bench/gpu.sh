@@ -18,10 +18,12 @@ PEAK_TFLOPS=${PEAK_TFLOPS:-989}
 STEPS=${STEPS:-10}
 MODEL="model.dim=2048 model.n_layers=18 model.n_heads=16 model.n_kv_heads=4 model.mlp_hidden=5632 model.vocab_size=32000 model.max_seq_len=2048"
 RUN="data=synthetic trainer.batch_size=4 trainer.precision=bf16 trainer.device=cuda"
+COMPILE=true
 if [[ "${1:-}" == "--smoke" ]]; then
     MODEL="model/size=tiny"
     RUN="data=synthetic trainer.batch_size=4 trainer.device=cpu"
     STEPS=2
+    COMPILE=false  # no C++ compiler needed for the smoke run
 fi
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
@@ -32,13 +34,8 @@ run() {  # name, overrides...
     "$PY" -m currytrain.cli bench $MODEL $RUN "$@" --steps "$STEPS" --warmup 3 --json >"$OUT/$name.json"
 }
 run eager trainer.compile=false
-if [[ "${1:-}" == "--smoke" ]]; then
-    run compile trainer.compile=false  # no C++ compiler needed for the smoke run
-    run fsdp_compile parallel=fsdp parallel.nproc=1 trainer.compile=false
-else
-    run compile trainer.compile=true
-    run fsdp_compile parallel=fsdp parallel.nproc=1 trainer.compile=true
-fi
+run compile trainer.compile=$COMPILE
+run fsdp_compile parallel=fsdp parallel.nproc=1 trainer.compile=$COMPILE
 "$PY" - "$OUT" "$PEAK_TFLOPS" <<'PYTHON'
 import json, sys
 from pathlib import Path

@@ -106,8 +106,7 @@ def _split_step(parts: Components, microbatches: list) -> dict[str, float]:
         inputs, targets = inputs.to(device), targets.to(device)
         tic = time.perf_counter()
         with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
-            task_loss, auxiliary = parts.forward_loss(inputs, targets)
-            loss = (task_loss if auxiliary is None else task_loss + auxiliary) / len(microbatches)
+            loss = parts.forward_loss(inputs, targets)[1] / len(microbatches)
         _synchronize(device)
         split["forward"] += time.perf_counter() - tic
         tic = time.perf_counter()

@@ -40,17 +40,13 @@ class Components:
     module: torch.nn.Module
     """`model` as built, with its own parameter names (checkpoints, weight loading); `model` itself unless
     a runtime wrapped it (parallel.runtime=fabric)."""
+    forward_loss: ForwardLoss
+    """A microbatch's forward and loss (what accumulated_step runs): under trainer.compile on one process the
+    model and the loss compiled as one graph, else model_loss(model, loss_fn)."""
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = causal_lm_loss
     """The training loss of (logits, targets); compiled under trainer.compile with parallelism."""
     pipeline: Any = None
     """The PipelineRunner that steps this rank's stages under pipeline parallelism (parallel.pp > 1), else None."""
-    forward_loss: ForwardLoss | None = None
-    """A microbatch's forward and loss (what accumulated_step runs): under trainer.compile on one process the
-    model and the loss compiled as one graph; otherwise, and when not given, model_loss(model, loss_fn)."""
-
-    def __post_init__(self) -> None:
-        if self.forward_loss is None:
-            self.forward_loss = model_loss(self.model, self.loss_fn)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -76,8 +72,8 @@ def build_components(cfg: DictConfig, state: ParallelState, data: Any = None) ->
     scheduler = build_scheduler(optimizer, cfg.optimizer.schedule, cfg.trainer.max_steps)
     loss_fn = compile_loss(causal_lm_loss) if per_block else causal_lm_loss
     pipeline = parallel.build_pipeline(model, state, cfg.model, loss_fn, cfg.trainer.grad_accum)
-    forward_loss = compile_forward_loss(model, loss_fn) if whole else None
-    return Components(cfg, state, data, model, optimizer, scheduler, parallel.unwrap(model, state), loss_fn, pipeline, forward_loss)
+    forward_loss = compile_forward_loss(model, loss_fn) if whole else model_loss(model, loss_fn)
+    return Components(cfg, state, data, model, optimizer, scheduler, parallel.unwrap(model, state), forward_loss, loss_fn, pipeline)
 
 
 @contextlib.contextmanager

@@ -175,8 +175,9 @@ class Attention(nn.Module):
         # a GPU, which needs 16-bit inputs), else k/v expanded to every head: on a GPU in fp32 the efficient and
         # cuDNN kernels refuse enable_gqa and SDPA would fall back to the slow math one. The ring attention of
         # context parallelism takes expanded heads.
-        gqa = self.n_kv_heads != self.n_heads and self.core is None and (q.device.type == "cpu" or q.dtype in (torch.float16, torch.bfloat16))
-        if self.n_kv_heads != self.n_heads and not gqa:
+        grouped = self.n_kv_heads != self.n_heads
+        gqa = grouped and self.core is None and (q.device.type == "cpu" or q.dtype in (torch.float16, torch.bfloat16))
+        if grouped and not gqa:
             groups = self.n_heads // self.n_kv_heads
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)

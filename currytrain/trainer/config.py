@@ -56,8 +56,9 @@ class TrainerConfig:
     """Show the rich progress bar (step, loss, tokens/s, ETA)."""
     compile: bool = False
     """torch.compile the model and the loss (inductor; on CPU it needs a C++ compiler): as one graph in one
-    process, block by block under parallelism (docs/performance.md). The first step pays the compilation (the journal's `compile` event says how long); the compiled code is
-    cached in <run folder>/../.compile_cache, so a later run of the same shapes starts fast."""
+    process, block by block under parallelism (docs/performance.md). The first step pays the compilation (the
+    journal's `compile` event says how long); the compiled code is cached in <run folder>/../.compile_cache, so
+    a later run of the same shapes starts fast."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:

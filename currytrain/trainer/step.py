@@ -21,8 +21,9 @@ if TYPE_CHECKING:
     from currytrain.parallel.stages import PipelineRunner
 
 Batch = tuple[torch.Tensor, torch.Tensor]
-ForwardLoss = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
-"""(inputs, targets) -> (task loss, the model's auxiliary loss or None): one microbatch's forward and loss."""
+ForwardLoss = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+"""(inputs, targets) -> (task loss, training loss): one microbatch's forward and loss; the training loss adds
+the model's auxiliary losses (MoE balancing) to the task loss, and is what the backward runs on."""
 
 
 def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -38,12 +39,15 @@ def full(value: torch.Tensor) -> torch.Tensor:
 
 
 def model_loss(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = causal_lm_loss) -> ForwardLoss:
-    """The ForwardLoss of `model` and `loss_fn`; the auxiliary loss is the model's auxiliary_loss() (MoE balancing)
-    after the forward, None for a model without one. trainer.compile on one process compiles this whole function."""
+    """The ForwardLoss of `model` and `loss_fn`: a model with auxiliary_loss() has it added after the forward.
+    trainer.compile on one process compiles this whole function."""
 
-    def forward_loss(inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward_loss(inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         task_loss = loss_fn(model(inputs), targets)
-        return task_loss, model.auxiliary_loss() if isinstance(model, HasAuxiliaryLoss) else None
+        if not isinstance(model, HasAuxiliaryLoss):
+            return task_loss, task_loss
+        # full(): under tensor parallelism the task loss is a DTensor and the MoE losses plain tensors.
+        return task_loss, full(task_loss) + model.auxiliary_loss()
 
     return forward_loss
 
@@ -179,9 +183,7 @@ def accumulated_step(
             autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
             with loss_context():
                 with autocast:
-                    task_loss, auxiliary = forward(inputs, targets)
-                    # full(): under tensor parallelism the task loss is a DTensor and the MoE losses plain tensors.
-                    loss = task_loss if auxiliary is None else full(task_loss) + auxiliary
+                    task_loss, loss = forward(inputs, targets)
                 # fp16: the loss is scaled up so that small gradients do not underflow; unscaled before clipping.
                 backward(scaler.scale(loss / num_micro) if scaler is not None else loss / num_micro)
             # The reported loss is the task loss alone, so runs with and without auxiliary losses compare.
