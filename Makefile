@@ -28,9 +28,11 @@ test: $(STAMP)
 reliability: $(STAMP)
 	$(PY) -m pytest -p tests.reliability.table tests/reliability tests/test_bad_config.py $(ARGS)
 
+# ruff, then the house's layering (.importlinter; docs/architecture.md)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 
 clean:
 	rm -rf $(VENV) runs outputs multirun .pytest_cache

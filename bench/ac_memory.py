@@ -25,8 +25,9 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from currytrain.benchmark import build_step_setup, compose_config  # noqa: E402
-from currytrain.trainer.step import causal_lm_loss  # noqa: E402
+from currytrain.benchmark import build_step_setup  # noqa: E402
+from currytrain.config import compose_config  # noqa: E402
+from currytrain.model.protocol import causal_lm_loss  # noqa: E402
 
 MODES = {
     "none": ["model.ac=none"],

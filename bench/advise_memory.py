@@ -25,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from currytrain.benchmark import compose_config  # noqa: E402
-from currytrain.parallel.advise import Layout, count_split_parameters, predict  # noqa: E402
+from currytrain.advise import Layout, count_split_parameters, predict  # noqa: E402
+from currytrain.config import compose_config  # noqa: E402
 
 COMMON = [
     "data=synthetic",

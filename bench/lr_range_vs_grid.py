@@ -20,10 +20,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing it
 
-from currytrain.benchmark import compose_config  # noqa: E402
 from currytrain.check.lr_range import LRRange, suggest  # noqa: E402
 from currytrain.check.stage import StageContext  # noqa: E402
 from currytrain.check.subruns import train_subrun  # noqa: E402
+from currytrain.config import compose_config  # noqa: E402
 from currytrain.journal import Journal  # noqa: E402
 from currytrain.parallel.state import ParallelState, resolve_device  # noqa: E402
 

@@ -32,7 +32,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing it
 
-from currytrain.benchmark import alternating_step_times, compose_config, matmul_roofline, model_flops_per_token  # noqa: E402
+from currytrain.benchmark import alternating_step_times, matmul_roofline, model_flops_per_token  # noqa: E402
+from currytrain.config import compose_config  # noqa: E402
 from currytrain.run import write_run_record  # noqa: E402
 from currytrain.trainer.trainer import Trainer  # noqa: E402
 

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing it
 
-from currytrain.benchmark import alternating_step_times, build_step_setup, compose_config, run_accumulated_step  # noqa: E402
+from currytrain.benchmark import alternating_step_times, build_step_setup, run_accumulated_step  # noqa: E402
+from currytrain.config import compose_config  # noqa: E402
 
 
 def plain_step(model, optimizer, microbatches, grad_clip):

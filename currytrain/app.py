@@ -57,7 +57,7 @@ def exit_code(hydra_code: int | str | None) -> int | str | None:
 
 def torchrun_follower() -> bool:
     """A torchrun rank other than 0: it does not compose; it trains from rank 0's run folder."""
-    from currytrain.parallel.workers import under_torchrun
+    from currytrain.workers import under_torchrun
 
     return under_torchrun() and int(os.environ["RANK"]) != 0
 
@@ -67,9 +67,10 @@ def run_app(main: Callable[[], None]) -> None:
     from currytrain.config import CONF_DIR, broken_yaml_choices, unknown_list_choices
 
     if torchrun_follower():
-        from currytrain.parallel.workers import follow_rank_zero
+        from currytrain.run import run_worker
+        from currytrain.workers import follow_rank_zero
 
-        sys.exit(follow_rank_zero())
+        sys.exit(follow_rank_zero(run_worker))
     conf_dirs = [Path(sys.argv[0]).resolve().parent / "conf", CONF_DIR]
     if problems := unknown_list_choices(sys.argv[1:], conf_dirs) + broken_yaml_choices(sys.argv[1:], conf_dirs):
         print("\n".join(f"curryTrain: {problem}" for problem in problems), file=sys.stderr)

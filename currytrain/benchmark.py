@@ -11,35 +11,18 @@ import torch
 from omegaconf import DictConfig
 
 from currytrain.components import Components, build_components
+from currytrain.model.protocol import causal_lm_loss
 from currytrain.parallel.state import ParallelState, resolve_device
-from currytrain.trainer.step import StepResult, causal_lm_loss, run_accumulated_step
+from currytrain.trainer.step import StepResult, run_accumulated_step
 
 __all__ = [
     "run_accumulated_step",
     "StepResult",
     "causal_lm_loss",
-    "compose_config",
     "build_step_setup",
     "Components",
     "alternating_step_times",
 ]
-
-
-def compose_config(overrides: list[str]) -> DictConfig:
-    """The root config with launch.py's overrides, composed outside a running Hydra app. An unknown option
-    or key raises ConfigError with Hydra's message (it lists the options): exit code 2 in the CLI."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-
-    from currytrain.config import CONF_DIR, register_configs
-    from currytrain.errors import ConfigError
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        try:
-            return compose(config_name="config", overrides=overrides)
-        except HydraException as error:
-            raise ConfigError(str(error).split("\nConfig search path:")[0]) from None
 
 
 def build_step_setup(cfg: DictConfig, state: ParallelState | None = None) -> Components:

@@ -158,7 +158,8 @@ def _diagnose(args: argparse.Namespace) -> None:
 
 
 def _bench(args: argparse.Namespace) -> None:
-    from currytrain.benchmark import compose_config, step_benchmark
+    from currytrain.benchmark import step_benchmark
+    from currytrain.config import compose_config
     from currytrain.validate import raise_on_problems, validate
 
     cfg = compose_config(args.overrides)
@@ -194,7 +195,7 @@ def _one_process_problems(cfg) -> list[str]:
 
 
 def _estimate(args: argparse.Namespace) -> None:
-    from currytrain.benchmark import compose_config
+    from currytrain.config import compose_config
     from currytrain.cost.estimate import estimate_cost
     from currytrain.validate import raise_on_problems, validate
 
@@ -214,9 +215,9 @@ def _add_estimate(commands: argparse._SubParsersAction) -> None:
 
 
 def _advise(args: argparse.Namespace) -> None:
-    from currytrain.benchmark import compose_config
+    from currytrain.advise import advise, parse_bytes, print_advice
+    from currytrain.config import compose_config
     from currytrain.estimate import device_memory
-    from currytrain.parallel.advise import advise, parse_bytes, print_advice
     from currytrain.parallel.dims import launched_world_size
 
     cfg = compose_config(args.overrides)

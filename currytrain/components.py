@@ -18,10 +18,10 @@ from omegaconf import DictConfig
 
 from currytrain.build import allow_modules, build
 from currytrain.model import build_model
+from currytrain.model.protocol import ForwardLoss, causal_lm_loss, model_loss
 from currytrain.optim.builders import build_scheduler
 from currytrain.parallel.compile import compile_forward_loss, compile_loss, compiles_whole
 from currytrain.parallel.state import ParallelState
-from currytrain.trainer.step import ForwardLoss, causal_lm_loss, model_loss
 
 PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 

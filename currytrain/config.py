@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig
 
 from currytrain.abort.config import AbortConfig, NoAbortConfig
 from currytrain.check.config import (
@@ -33,6 +33,7 @@ from currytrain.check.config import (
     SeedsCheckConfig,
     SkeletonCheckConfig,
 )
+from currytrain.conf import CONF_DIR
 from currytrain.cost.config import CostConfig
 from currytrain.data.config import DigitsConfig, ProbeConfig, StdlibBytesConfig, SyntheticConfig, TableConfig, TextConfig, TokensConfig
 from currytrain.logger.config import JsonlConfig, MLflowConfig, TensorBoardConfig, WandbConfig
@@ -102,10 +103,6 @@ class RootConfig:
     """Seeds model init, the data split and every batch: same seed, same loss curve."""
 
 
-CONF_DIR = Path(__file__).resolve().parent / "conf"
-"""curryTrain's config tree: conf/ of the checkout (currytrain/conf links to it), package data when installed."""
-
-
 def store_schemas(schemas: dict[str, dict[str, type]]) -> None:
     cs = ConfigStore.instance()
     for group, options in schemas.items():
@@ -129,6 +126,23 @@ def register_configs() -> None:
     store_schemas(SCHEMAS)
     for module in experiment_config_modules():
         store_schemas(importlib.import_module(module).SCHEMAS)
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """The root config with launch.py's overrides, composed outside a running Hydra app (the `currytrain`
+    command, bench/). An unknown option or key raises ConfigError with Hydra's message (it lists the options):
+    exit code 2 in the CLI."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    from currytrain.errors import ConfigError
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        try:
+            return compose(config_name="config", overrides=overrides)
+        except HydraException as error:
+            raise ConfigError(str(error).split("\nConfig search path:")[0]) from None
 
 
 def unknown_list_choices(args: list[str], conf_dirs: list[Path]) -> list[str]:

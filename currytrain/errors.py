@@ -77,3 +77,11 @@ class ConfigRejected(BaseException):
 
 def exit_code_of(error: BaseException) -> int:
     return error.exit_code if isinstance(error, Outcome) else EXIT_CRASH
+
+
+def format_problems(problems: list[str]) -> str:
+    """Every problem of a config, one line each, as ConfigError's message."""
+    noun = "problem" if len(problems) == 1 else "problems"
+    lines = [f"curryTrain: the config has {len(problems)} {noun}:"]
+    lines += [f"  - {problem}" for problem in problems]
+    return "\n".join(lines)

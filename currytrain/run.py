@@ -1,7 +1,7 @@
 """From a composed config to a finished run: write the run folder's record, then train.
 
 compose (Hydra) -> validate -> resolved.yaml + journal header -> worker(s) read resolved.yaml -> train.
-With parallel.nproc > 1 the workers are started here (currytrain.parallel.workers); under torchrun this is
+With parallel.nproc > 1 the workers are started here (currytrain.workers); under torchrun this is
 rank 0, which publishes the run folder to the other ranks.
 A job raises its outcome (currytrain.errors); launch.py alone turns it into an exit code.
 """
@@ -56,7 +56,7 @@ def run(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from currytrain.parallel import workers
+    from currytrain import workers
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
@@ -78,14 +78,14 @@ def run(cfg: DictConfig) -> float | None:
 def start_workers(cfg: DictConfig, resolved_path: Path) -> float:
     """Train from the written record: here (one process), in the workers started here (parallel.nproc > 1),
     or here as rank 0 of workers someone else started (torchrun, submitit), after telling them the folder."""
-    from currytrain.parallel import workers
+    from currytrain import workers
 
     if workers.in_submitit_task():
         workers.mark_record_ready(resolved_path.parent)
     elif workers.under_torchrun():
         workers.publish_run_dir(resolved_path.parent)
     elif cfg.parallel.nproc > 1:
-        return workers.launch_workers(resolved_path, cfg.parallel.nproc, cfg.parallel.hang_timeout)
+        return workers.launch_workers(run_worker, resolved_path, cfg.parallel.nproc, cfg.parallel.hang_timeout)
     return run_worker(resolved_path)
 
 
@@ -116,8 +116,8 @@ def run_worker(resolved_path: Path) -> float | None:
     import torch
 
     from currytrain.components import parallel_session
-    from currytrain.parallel.workers import worker_threads
     from currytrain.trainer.trainer import Trainer
+    from currytrain.workers import worker_threads
 
     if "LOCAL_WORLD_SIZE" in os.environ:  # several workers on this machine: share its cores
         torch.set_num_threads(worker_threads())
@@ -130,7 +130,9 @@ def run_worker(resolved_path: Path) -> float | None:
                 logging.getLogger("currytrain").setLevel(logging.WARNING)
             if cfg.check.get("_target_") is not None:  # check=<stage|sanity|ladder>: the ladder instead of training
                 from currytrain.check.ladder import run_ladder
+                from currytrain.config import register_configs
 
+                register_configs()  # sub-runs compose variants of this run: outside Hydra (a worker) they need the schemas
                 run_ladder(cfg, state, run_dir, journal)
                 return None
             val_loss = Trainer(cfg, run_dir, state, hooks=build_hooks(cfg)).train()

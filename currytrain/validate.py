@@ -19,8 +19,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from currytrain.build import target_problems
-from currytrain.data.config import BYTE_VOCAB, DigitsConfig, TabularConfig
-from currytrain.errors import ConfigError, ConfigRejected
+from currytrain.data.base import BYTE_VOCAB
+from currytrain.data.config import DigitsConfig, TabularConfig
+from currytrain.errors import ConfigError, ConfigRejected, format_problems
 from currytrain.model.config import DecoderConfig, GQAConfig, MLPConfig, MoEConfig
 from currytrain.optim.config import AdamWConfig
 from currytrain.parallel.config import ParallelConfig
@@ -377,13 +378,6 @@ def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         return problems or _check_memory(cfg)
     except OmegaConfBaseException as error:  # an interpolation that cannot resolve, a missing value
         return [f"the config cannot be read: {error}"]
-
-
-def format_problems(problems: list[str]) -> str:
-    noun = "problem" if len(problems) == 1 else "problems"
-    lines = [f"curryTrain: the config has {len(problems)} {noun}:"]
-    lines += [f"  - {problem}" for problem in problems]
-    return "\n".join(lines)
 
 
 def raise_on_problems(problems: list[str]) -> None:

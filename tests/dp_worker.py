@@ -10,8 +10,8 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from currytrain.components import parallel_session
-from currytrain.parallel.workers import worker_threads
 from currytrain.trainer.trainer import Trainer
+from currytrain.workers import worker_threads
 
 
 def train_each(resolved_paths: list[str]) -> None:

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
 from currytrain.components import Components
 from currytrain.data.corpus import TokenCorpus
-from currytrain.trainer.step import StepResult, causal_lm_loss
+from currytrain.model.protocol import causal_lm_loss
+from currytrain.trainer.step import StepResult
 
 
 def double_softmax(parts: Components) -> None:

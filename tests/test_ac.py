@@ -14,9 +14,8 @@ from currytrain.benchmark import build_step_setup
 from currytrain.build import build
 from currytrain.model.config import APPLIED_FROM_OUTSIDE, DecoderConfig
 from currytrain.model.gqa import Block, GQATransformer
-from currytrain.model.hooks import HasAuxiliaryLoss
+from currytrain.model.protocol import HasAuxiliaryLoss, causal_lm_loss
 from currytrain.parallel.parallelize import apply_ac
-from currytrain.trainer.step import causal_lm_loss
 from currytrain.validate import validate
 
 # The debug size (conf/model/size/debug.yaml).

@@ -231,7 +231,7 @@ def test_advisor_predicts_the_measured_state_bytes_per_rank(tp_runs, compose_cfg
     """The advisor's parameters + gradients + optimizer state per rank, against what each rank of the runs above held
     (their journaled memory event), within 20%: one process, tp@2, ep@2 and tp@2 of model=moe with a wide shared
     expert (replicated by tp: counted as split, the prediction would be a third low)."""
-    from currytrain.parallel.advise import Layout, count_split_parameters, predict
+    from currytrain.advise import Layout, count_split_parameters, predict
 
     cases = {
         "single": ([], Layout(1, 0)),

@@ -12,8 +12,8 @@ from currytrain.benchmark import build_step_setup
 from currytrain.errors import ConfigError
 from currytrain.model import build_model
 from currytrain.model.gqa import GQATransformer
+from currytrain.model.protocol import causal_lm_loss
 from currytrain.optim.builders import build_adamw, build_sgd
-from currytrain.trainer.step import causal_lm_loss
 from currytrain.validate import validate
 
 DEBUG = dict(vocab_size=256, dim=128, n_layers=4, n_heads=4, n_kv_heads=2, mlp_hidden=384, max_seq_len=128)

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import statistics
 
-from currytrain.check.seeds import budget_overrides, run_seeds
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
-from currytrain.check.subruns import SubRun, arm_config
+from currytrain.check.subruns import SubRun, arm_config, budget_overrides, run_seeds
 from currytrain.components import Components
 from currytrain.report.compare import welch
 

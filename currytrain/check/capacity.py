@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from currytrain.check import figures
-from currytrain.check.scaling import width_overrides
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
-from currytrain.check.subruns import SubRun, derive, train_subrun
+from currytrain.check.subruns import SubRun, derive, train_subrun, width_overrides
 from currytrain.components import Components
 
 

@@ -16,29 +16,17 @@ import math
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from currytrain.build import build
 from currytrain.check import figures
 from currytrain.check.probes import get_batch
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status, probe
+from currytrain.check.subruns import model_at_width
 from currytrain.components import Components
 from currytrain.model import build_model
 from currytrain.model.layers import RMSNorm
-from currytrain.trainer.step import causal_lm_loss
-
-HIDDEN_FIELDS = ("mlp_hidden", "expert_hidden")
-"""Model fields that grow with dim when the width changes (kept at the same ratio to dim)."""
-
-
-def model_at_width(model_cfg: DictConfig, width: int) -> DictConfig:
-    node = OmegaConf.to_container(model_cfg, resolve=True)
-    ratio = width / node["dim"]
-    node["dim"] = width
-    for name in HIDDEN_FIELDS:
-        if node.get(name):
-            node[name] = max(1, round(node[name] * ratio))
-    return OmegaConf.create(node)
+from currytrain.model.protocol import causal_lm_loss
 
 
 def layer_types(model: torch.nn.Module) -> dict[str, list[torch.nn.Module]]:

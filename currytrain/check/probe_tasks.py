@@ -9,9 +9,8 @@ that task, `max_steps` steps). Gate: accuracy >= `min_accuracy` on every task.
 
 from __future__ import annotations
 
-from currytrain.check.seeds import budget_overrides
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
-from currytrain.check.subruns import SubRun, train_subrun
+from currytrain.check.subruns import SubRun, budget_overrides, train_subrun
 from currytrain.components import Components
 from currytrain.data.probe import ProbeTasks, accuracy
 

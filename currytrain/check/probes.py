@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 import torch
 
 from currytrain.components import Components
-from currytrain.model.hooks import HasAuxiliaryLoss
-from currytrain.trainer.step import Batch, StepResult, causal_lm_loss, run_accumulated_step
+from currytrain.model.protocol import HasAuxiliaryLoss, causal_lm_loss
+from currytrain.trainer.step import Batch, StepResult, run_accumulated_step
 
 StepFn = Callable[[Components, Batch], StepResult]
 """One training step of `parts` on one batch: what the probes train with (tests pass broken ones)."""

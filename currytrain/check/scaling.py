@@ -17,9 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from currytrain.check import figures
-from currytrain.check.seeds import budget_overrides
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
-from currytrain.check.subruns import SubRun, train_subrun
+from currytrain.check.subruns import SubRun, budget_overrides, train_subrun, width_overrides
 from currytrain.components import Components
 
 
@@ -81,14 +80,6 @@ def fit_power_law(sizes: list[float], losses: list[float], bootstrap: int = 500,
         sample = fitted + rng.choice(residuals, size=len(n), replace=True) * math.sqrt(len(n) / dof)
         boot.append(_least_squares(n, sample, (e, log_a, alpha)))
     return PowerLawFit(e, math.exp(log_a), alpha, [b[2] for b in boot], residual_std, boot)
-
-
-def width_overrides(model_cfg, width: int) -> list[str]:
-    """The overrides that put the configured model at `width` (hidden sizes at the same ratio to dim)."""
-    from currytrain.check.mup import HIDDEN_FIELDS
-
-    ratio = width / model_cfg.dim
-    return [f"model.dim={width}"] + [f"model.{name}={max(1, round(model_cfg[name] * ratio))}" for name in HIDDEN_FIELDS if model_cfg.get(name)]
 
 
 def held_out_finding(fit: PowerLawFit, held: SubRun) -> Finding:

@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass
 
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
-from currytrain.check.subruns import SubRun, train_subrun
+from currytrain.check.subruns import SubRun, budget_overrides, run_seeds
 from currytrain.components import Components
 from currytrain.report.compare import Z_80, Z_95
 
@@ -43,22 +43,6 @@ class SeedStats:
         """Smallest difference of means k seeds per config detect (5% two-sided, 80% power)."""
         k = k or len(self.values)
         return (Z_95 + Z_80) * self.std * math.sqrt(2 / k)
-
-
-def budget_overrides(max_steps: int | None, overrides: list[str]) -> list[str]:
-    """The sub-run budget (trainer.max_steps, evaluated once at the end) before the stage's own overrides."""
-    if not max_steps:
-        return list(overrides)
-    return [f"trainer.max_steps={max_steps}", f"trainer.eval_every={max_steps}", *overrides]
-
-
-def seed_overrides(ctx: StageContext, seed: int) -> list[str]:
-    """seed, and data.seed beside it: the resolved config holds the value data.seed once interpolated."""
-    return [f"seed={seed}"] + ([f"data.seed={seed}"] if "seed" in ctx.cfg.data else [])
-
-
-def run_seeds(ctx: StageContext, stage: str, prefix: str, seeds: list[int], overrides: list[str]) -> list[SubRun]:
-    return [train_subrun(ctx, stage, f"{prefix}seed_{seed}", [*overrides, *seed_overrides(ctx, seed)]) for seed in seeds]
 
 
 def seeds_finding(runs: list[SubRun], max_std: float) -> Finding:

@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from currytrain.check.stage import StageContext
 from currytrain.components import build_components
+from currytrain.conf import CONF_DIR
 from currytrain.errors import Aborted, ConfigError, RunFailed
 from currytrain.journal import Journal
 from currytrain.weights import RESOLVED
@@ -110,17 +111,18 @@ def recompose(ctx: StageContext, overrides: list[str]) -> DictConfig:
 @contextlib.contextmanager
 def hydra_context():
     """(config loader, root config name) of the running Hydra app (launch.py, or a project's app with its own
-    search path); outside one (a worker process of parallel.nproc > 1, a test), of curryTrain's conf/."""
+    search path); outside one (a worker process of parallel.nproc > 1, the `currytrain` command, a test), of
+    curryTrain's conf/. The schemas must be in Hydra's ConfigStore: the entry points store them
+    (currytrain.config.register_configs), which this layer, below the config root, does not import."""
     from hydra import initialize_config_dir
+    from hydra.core.config_store import ConfigStore
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
-
-    from currytrain.config import CONF_DIR, register_configs
 
     if GlobalHydra.instance().is_initialized():
         yield GlobalHydra.instance().config_loader(), HydraConfig.get().job.config_name if HydraConfig.initialized() else "config"
         return
-    register_configs()
+    assert "root_schema.yaml" in ConfigStore.instance().repo, "register_configs() must run before a sub-run composes"
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         yield GlobalHydra.instance().config_loader(), "config"
 
@@ -200,3 +202,41 @@ def tail_train_loss(path: Path, share: float = 0.1) -> float:
     losses = [r["train/loss"] for r in current(read_journal(journal)) if r.get("type") == "metrics" and "train/loss" in r]
     tail = losses[-max(1, int(len(losses) * share)) :]
     return sum(tail) / len(tail) if tail else math.nan
+
+
+# ------------------------------------------------------- the overrides the stages' sub-runs share
+
+HIDDEN_FIELDS = ("mlp_hidden", "expert_hidden")
+"""Model fields that grow with dim when the width changes (kept at the same ratio to dim)."""
+
+
+def model_at_width(model_cfg: DictConfig, width: int) -> DictConfig:
+    node = OmegaConf.to_container(model_cfg, resolve=True)
+    ratio = width / node["dim"]
+    node["dim"] = width
+    for name in HIDDEN_FIELDS:
+        if node.get(name):
+            node[name] = max(1, round(node[name] * ratio))
+    return OmegaConf.create(node)
+
+
+def width_overrides(model_cfg, width: int) -> list[str]:
+    """The overrides that put the configured model at `width` (hidden sizes at the same ratio to dim)."""
+    ratio = width / model_cfg.dim
+    return [f"model.dim={width}"] + [f"model.{name}={max(1, round(model_cfg[name] * ratio))}" for name in HIDDEN_FIELDS if model_cfg.get(name)]
+
+
+def budget_overrides(max_steps: int | None, overrides: list[str]) -> list[str]:
+    """The sub-run budget (trainer.max_steps, evaluated once at the end) before the stage's own overrides."""
+    if not max_steps:
+        return list(overrides)
+    return [f"trainer.max_steps={max_steps}", f"trainer.eval_every={max_steps}", *overrides]
+
+
+def seed_overrides(ctx: StageContext, seed: int) -> list[str]:
+    """seed, and data.seed beside it: the resolved config holds the value data.seed once interpolated."""
+    return [f"seed={seed}"] + ([f"data.seed={seed}"] if "seed" in ctx.cfg.data else [])
+
+
+def run_seeds(ctx: StageContext, stage: str, prefix: str, seeds: list[int], overrides: list[str]) -> list[SubRun]:
+    return [train_subrun(ctx, stage, f"{prefix}seed_{seed}", [*overrides, *seed_overrides(ctx, seed)]) for seed in seeds]

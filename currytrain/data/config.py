@@ -7,9 +7,6 @@ from typing import Any
 
 from currytrain.rules import at_least, one_of
 
-BYTE_VOCAB = 256
-"""Vocabulary of the byte-level corpora: token id = byte value."""
-
 
 @dataclass
 class ByteCorpusConfig:

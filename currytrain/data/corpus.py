@@ -8,7 +8,6 @@ how many ranks share it.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import sysconfig
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from currytrain.data.config import BYTE_VOCAB
+from currytrain.data.base import BYTE_VOCAB, stable_seed
 from currytrain.data.files import find_text_files, plan_split
 from currytrain.errors import ConfigError
 
@@ -54,12 +53,6 @@ class TokenCorpus:
 
     def describe(self) -> dict:
         return {"train_tokens": len(self.train), "val_tokens": len(self.val), "vocab_size": self.vocab_size}
-
-
-def stable_seed(*parts) -> int:
-    """A 63-bit seed from the parts, identical across processes (unlike hash(), which is salted)."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
 def _read_bytes(files: list[Path], budget: int) -> torch.Tensor:

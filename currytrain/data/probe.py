@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from currytrain.data.corpus import stable_seed
+from currytrain.data.base import stable_seed
 
 SEP, QUERY, NOISE, FIRST_SYMBOL = 0, 1, 2, 3
 IGNORE = -100

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from currytrain.data.corpus import stable_seed
+from currytrain.data.base import stable_seed
 from currytrain.data.pipeline import Leak, Split, fit_on_train, leakage_report, split_rows
 from currytrain.errors import ConfigError
 

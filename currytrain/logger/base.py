@@ -6,7 +6,9 @@ them (TensorBoard, W&B) and the others ignore them. Only rank 0 builds loggers.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -66,3 +68,16 @@ class MultiLogger:
     def close(self, status: str = "finished") -> None:
         for logger in self.loggers:
             logger.close(status)
+
+
+def journal_tags(run_dir: Path) -> dict[str, str]:
+    """The journal header's reproducibility facts (git SHA, dirty flag, seed, host, versions) as tags."""
+    journal = run_dir / "journal.jsonl"
+    if not journal.is_file():
+        return {}
+    with journal.open() as file:
+        header = json.loads(file.readline() or "{}")
+    keys = ("seed", "git_sha", "git_dirty", "host", "world_size")
+    tags = {f"currytrain.{key}": str(header.get(key)) for key in keys if key in header}
+    tags.update({f"currytrain.version.{name}": str(version) for name, version in header.get("versions", {}).items()})
+    return tags

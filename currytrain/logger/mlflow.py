@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from currytrain.journal import flatten
+from currytrain.logger.base import journal_tags
 
 MAX_PARAM_CHARS = 6000
 """MLflow's limit on a param value's length (longer values are cut)."""
@@ -26,7 +27,7 @@ class MLflowLogger:
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         found = self.client.get_experiment_by_name(experiment)
         experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
-        tags = {"currytrain.run_dir": str(self.run_dir.resolve()), **_journal_tags(self.run_dir)}
+        tags = {"currytrain.run_dir": str(self.run_dir.resolve()), **journal_tags(self.run_dir)}
         self.run_id = self.client.create_run(experiment_id, run_name=run_name or self.run_dir.name, tags=tags).info.run_id
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
@@ -50,16 +51,3 @@ class MLflowLogger:
 
     def close(self, status: str = "finished") -> None:
         self.client.set_terminated(self.run_id, status=STATUSES.get(status, "FAILED"))
-
-
-def _journal_tags(run_dir: Path) -> dict[str, str]:
-    """The journal header's reproducibility facts (git SHA, dirty flag, seed, host, versions) as tags."""
-    journal = run_dir / "journal.jsonl"
-    if not journal.is_file():
-        return {}
-    with journal.open() as file:
-        header = json.loads(file.readline() or "{}")
-    keys = ("seed", "git_sha", "git_dirty", "host", "world_size")
-    tags = {f"currytrain.{key}": str(header.get(key)) for key in keys if key in header}
-    tags.update({f"currytrain.version.{name}": str(version) for name, version in header.get("versions", {}).items()})
-    return tags

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from currytrain.logger.mlflow import _journal_tags
+from currytrain.logger.base import journal_tags
 
 
 class WandbLogger:
@@ -26,7 +26,7 @@ class WandbLogger:
             mode=mode,
             name=run_name or run_dir_path.name,
             dir=str(run_dir_path),
-            tags=[f"{key}={value}"[:64] for key, value in _journal_tags(run_dir_path).items() if "version" not in key],
+            tags=[f"{key}={value}"[:64] for key, value in journal_tags(run_dir_path).items() if "version" not in key],
             settings=settings,
         )
         self.last_step = 0

@@ -13,7 +13,7 @@ Every family subclasses Decoder (decoder.py): embedding, blocks in `model.layers
 parallelize_decoder wraps them), final norm, readout, init and muP; the family file keeps its blocks.
 Build a model with build_model(cfg.model), which leaves out the config fields applied from outside.
 
-The protocols are in currytrain.model.hooks. This package imports no torch, so composing a
+The protocols are in currytrain.model.protocol. This package imports no torch, so composing a
 config (which imports the config dataclasses beside it) stays fast.
 """
 

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from currytrain.model.hooks import HiddenMatrices
 from currytrain.model.layers import RMSNorm, RopeScaling, build_rope_cache
+from currytrain.model.protocol import HiddenMatrices
 
 
 def mup_width_multiplier(dim: int, mup: bool, mup_base_width: int) -> float:

@@ -9,7 +9,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from currytrain.errors import ConfigError
-from currytrain.model.hooks import HasMuP, HiddenMatrices
+from currytrain.model.protocol import HasMuP, HiddenMatrices
 from currytrain.optim.config import warmup_steps
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from currytrain.model.protocol import ForwardLoss, model_loss
 from currytrain.parallel.state import ParallelState
-from currytrain.trainer.step import ForwardLoss, model_loss
 
 _SET_HERE: set[str] = set()
 """The cache folders use_compile_cache chose in this process."""

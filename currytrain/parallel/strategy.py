@@ -24,12 +24,11 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 from torch import nn
 
-from currytrain.errors import ConfigError
+from currytrain.errors import ConfigError, format_problems
 from currytrain.parallel.dims import ParallelDims
 from currytrain.parallel.parallelize import parallelize_decoder
 from currytrain.parallel.pipeline import PipelinePlan
 from currytrain.parallel.state import ParallelState, resolve_device
-from currytrain.validate import format_problems
 
 if TYPE_CHECKING:
     from currytrain.parallel.stages import PipelineRunner

@@ -14,11 +14,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from currytrain.errors import ConfigError, RunFailed
+from currytrain.errors import ConfigError, RunFailed, format_problems
 from currytrain.sweep.checks import as_list, sweep_problems
 from currytrain.sweep.config import OptunaSweepConfig
 from currytrain.sweep.space import SearchSpace, parse_entry, parse_params
-from currytrain.validate import format_problems
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ notes what it received (SIGINT: Ctrl-C reaches every process of the terminal; SI
 step (a log, eval or checkpoint step) the ranks all-reduce (max) the signal each has seen, so they agree on
 the step to stop after. Workers keep SIGTERM's default action: torch's elastic agent stops the workers of a
 failed peer with SIGTERM, perhaps while they wait inside a collective, where a Python handler would never
-run; a SIGTERM for the whole run goes to the launcher (currytrain.parallel.workers).
+run; a SIGTERM for the whole run goes to the launcher (currytrain.workers).
 """
 
 from __future__ import annotations

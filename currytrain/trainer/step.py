@@ -10,46 +10,16 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from currytrain.model.hooks import HasAuxiliaryLoss
+from currytrain.model.protocol import ForwardLoss, causal_lm_loss, full, model_loss
 from currytrain.parallel.memory import grad_bytes
 
 if TYPE_CHECKING:
     from currytrain.parallel.stages import PipelineRunner
 
 Batch = tuple[torch.Tensor, torch.Tensor]
-ForwardLoss = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-"""(inputs, targets) -> (task loss, training loss): one microbatch's forward and loss; the training loss adds
-the model's auxiliary losses (MoE balancing) to the task loss, and is what the backward runs on."""
-
-
-def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy in nats; logits are upcast so bf16 autocast keeps an fp32 loss.
-    Any leading shape works: a decoder's (batch, seq, vocab) against (batch, seq), a classifier's
-    (batch, classes) against (batch,)."""
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
-
-def full(value: torch.Tensor) -> torch.Tensor:
-    """A plain tensor of `value`: a DTensor (a loss computed under loss_parallel is one) is gathered whole."""
-    return value.full_tensor() if isinstance(value, DTensor) else value
-
-
-def model_loss(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = causal_lm_loss) -> ForwardLoss:
-    """The ForwardLoss of `model` and `loss_fn`: a model with auxiliary_loss() has it added after the forward.
-    trainer.compile on one process compiles this whole function."""
-
-    def forward_loss(inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        task_loss = loss_fn(model(inputs), targets)
-        if not isinstance(model, HasAuxiliaryLoss):
-            return task_loss, task_loss
-        # full(): under tensor parallelism the task loss is a DTensor and the MoE losses plain tensors.
-        return task_loss, full(task_loss) + model.auxiliary_loss()
-
-    return forward_loss
 
 
 @dataclass

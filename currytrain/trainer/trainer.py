@@ -21,7 +21,7 @@ from currytrain.data import HasEvalMetrics
 from currytrain.errors import Aborted, ConfigError, Interrupted, Pruned, RunFailed
 from currytrain.journal import Journal
 from currytrain.logger.base import MultiLogger
-from currytrain.model.hooks import HasTrainingMetrics
+from currytrain.model.protocol import HasTrainingMetrics, causal_lm_loss, full
 from currytrain.parallel.compile import compile_report, use_compile_cache
 from currytrain.parallel.memory import optimizer_state_bytes, param_bytes
 from currytrain.parallel.state import ParallelState, resolve_device
@@ -30,7 +30,7 @@ from currytrain.trainer.heartbeat import Heartbeat
 from currytrain.trainer.hooks import Action, Decision, StepHook, decide
 from currytrain.trainer.progress import Progress
 from currytrain.trainer.signals import STOP_SIGNALS, WORKER_SIGNALS, StopSignals, stop_file_signal
-from currytrain.trainer.step import DeviceStep, accumulated_step, causal_lm_loss, fetch_steps, full
+from currytrain.trainer.step import DeviceStep, accumulated_step, fetch_steps
 from currytrain.weights import checkpoint_candidates, checkpoint_problem
 
 log = logging.getLogger(__name__)

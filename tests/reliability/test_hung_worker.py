@@ -1,4 +1,4 @@
-"""A worker that hangs: the launcher's hang watch (parallel.hang_timeout, currytrain/parallel/workers.py HangWatch)
+"""A worker that hangs: the launcher's hang watch (parallel.hang_timeout, currytrain/workers.py HangWatch)
 stops the run and names the rank, and `currytrain diagnose` names it too."""
 
 from __future__ import annotations

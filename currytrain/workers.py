@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,10 @@ from currytrain.weights import RESOLVED
 log = logging.getLogger(__name__)
 
 WORKERS_DIR = "workers"
+
+WorkerEntry = Callable[[Path], "float | None"]
+"""A worker's whole job, given the run record (resolved.yaml): run.run_worker. The launcher passes it in, so
+this module, below run.py, never imports it back."""
 OUTCOMES = {cls.__name__: cls for cls in (ConfigError, RunFailed, GateFailed, Aborted, Pruned)}
 RUN_DIR_WAIT = timedelta(minutes=30)
 """How long torchrun's other ranks wait for rank 0 to compose and write the run record."""
@@ -54,7 +58,7 @@ def worker_threads() -> int:
 # ------------------------------------------------------------------------------------- parallel.nproc=N
 
 
-def launch_workers(resolved_path: Path, nproc: int, hang_timeout: float = 0.0) -> float:
+def launch_workers(entry: WorkerEntry, resolved_path: Path, nproc: int, hang_timeout: float = 0.0) -> float:
     """Run `nproc` workers on this machine and return rank 0's final val loss; raise the failed rank's outcome.
     hang_timeout (parallel.hang_timeout): seconds without any worker's heartbeat before HangWatch stops them."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -87,7 +91,7 @@ def launch_workers(resolved_path: Path, nproc: int, hang_timeout: float = 0.0) -
     watch = HangWatch(run_dir, hang_timeout)
     try:
         with _stop_file_for_signals(run_dir / WORKERS_DIR / STOP_FILE), watch:
-            results = elastic_launch(config, worker_entry)(str(resolved_path))
+            results = elastic_launch(config, worker_entry)(entry, str(resolved_path))
     except ChildFailedError as error:
         if watch.verdict is not None:  # the watch stopped them: its verdict, not the SIGKILLs it sent
             raise RunFailed(watch.verdict) from None
@@ -218,17 +222,16 @@ def _run_folder_logs(folder: Path) -> Any:
     return RunFolderLogs()
 
 
-def worker_entry(resolved_path: str) -> float:
-    """What each worker process runs (module level, so the spawn start method can import it)."""
-    from currytrain.run import run_worker
-
+def worker_entry(entry: WorkerEntry, resolved_path: str) -> float:
+    """What each worker process runs (module level, so the spawn start method can import it): `entry`, the
+    launcher's module-level job function (run.run_worker), which pickles by name."""
     rank = int(os.environ["RANK"])
     # When a peer fails, the agent stops this worker with SIGTERM, perhaps while it waits inside a gloo
     # collective for the dead peer: the default action ends it there (a Python handler would wait).
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     print(f"curryTrain worker rank {rank} pid {os.getpid()}", flush=True)
     try:
-        return run_worker(Path(resolved_path))  # run_worker journals how the run ended (rank 0)
+        return entry(Path(resolved_path))  # run_worker journals how the run ended (rank 0)
     except BaseException as error:
         _leave(error, Path(resolved_path).parent / WORKERS_DIR / f"rank_{rank}.outcome.json")
 
@@ -347,14 +350,12 @@ def publish_run_dir(run_dir: Path) -> None:
     _agent_store().set(_run_dir_key(), str(Path(run_dir).resolve()))
 
 
-def follow_rank_zero() -> int:
+def follow_rank_zero(entry: WorkerEntry) -> int:
     """A torchrun rank other than 0: wait for rank 0's run folder, train from its resolved.yaml, and
-    return this process's exit code (the outcome's, 1 for a crash)."""
-    from currytrain.run import run_worker
-
+    return this process's exit code (the outcome's, 1 for a crash). `entry` is the job (run.run_worker)."""
     run_dir = Path(_agent_store().get(_run_dir_key()).decode())
     try:
-        run_worker(run_dir / RESOLVED)
+        entry(run_dir / RESOLVED)
     except Outcome as outcome:
         print(outcome, file=sys.stderr)
         return outcome.exit_code
