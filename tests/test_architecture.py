@@ -79,6 +79,8 @@ def test_models_data_and_stats_do_not_import_torch_distributed():
     for room in ("model", "data", "stats"):
         for path in (ROOT / "currytrain" / room).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
-                names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                names = (
+                    [alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                )
                 offenders += [f"{path.relative_to(ROOT)}: {name}" for name in names if name.startswith("torch.distributed")]
     assert not offenders

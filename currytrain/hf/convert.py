@@ -27,7 +27,8 @@ import torch
 from omegaconf import OmegaConf
 
 from currytrain.errors import ConfigError
-from currytrain.hf.families import FAMILIES, IGNORED_SUFFIXES, Family, family_for_model
+from currytrain.hf.families import FAMILIES, family_for_model
+from currytrain.hf.families.base import IGNORED_SUFFIXES, Family
 from currytrain.hf.finetune import write_finetune_experiment
 from currytrain.hf.hub import resolve_source
 from currytrain.weights import MODEL_YAML, RESOLVED, architecture_mismatch, find_checkpoint, model_node_of, safetensors_problem

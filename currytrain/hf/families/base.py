@@ -1,9 +1,9 @@
-"""Each supported Hugging Face architecture: its config translation, its refusals and its weight names.
+"""What every Hugging Face family mapping shares, and the dense Llama-family decoder's mapping itself.
 
 A Family turns a transformers config into a curryTrain model node (import) and back (export), lists
-what it cannot represent exactly, and renames weights in both directions. Import selects a family by
-the checkpoint's `architectures`; export selects one by the class the model node builds and its explicit
-fields (qkv_bias, qk_norm).
+what it cannot represent exactly, and renames weights in both directions. The families with their own
+weights or routing (Mixtral) subclass it in a module of their own beside this one; the registry
+(currytrain.hf.families) lists every family.
 
 RoPE: curryTrain pairs channel i with i + head_dim/2 ("rotate half"), as transformers does, so the
 q/k projection rows are copied unpermuted (the parity tests in tests/test_hf.py hold this to 1e-5).
@@ -12,25 +12,16 @@ q/k projection rows are copied unpermuted (the parity tests in tests/test_hf.py 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from currytrain.build import target_problem
-from currytrain.model.config import GQAConfig, MoEConfig
-from currytrain.model.gqa import GQATransformer
-from currytrain.model.moe import MoETransformer
+from currytrain.model.config import GQAConfig
 
 # Buffers some older checkpoints still store; derived from the config, never weights.
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
-
-# model=moe: the fields this mapping reads or sets besides DecoderConfig's (shared_expert: Mixtral has
-# none), and the routing that equals Mixtral's (softmax over all experts, top-k, renormalised, dropless).
-MOE_FIELDS = ("num_experts", "top_k", "expert_hidden", "shared_expert")
-MIXTRAL_ROUTING = {"gating": "softmax", "renormalize": True, "capacity_factor": 0.0}
 
 Reader = Callable[[str], torch.Tensor]
 
@@ -66,7 +57,7 @@ def _rope(hf: Any) -> tuple[float, dict[str, Any]]:
     return float(getattr(hf, "rope_theta", 10000.0)), dict(getattr(hf, "rope_scaling", None) or {})
 
 
-def _decoder_problems(hf: Any) -> list[str]:
+def decoder_problems(hf: Any) -> list[str]:
     """What every supported architecture shares and curryTrain's decoder cannot represent otherwise."""
     problems = []
     heads, hidden = hf.num_attention_heads, hf.hidden_size
@@ -89,13 +80,13 @@ def _decoder_problems(hf: Any) -> list[str]:
     return problems
 
 
-def _window_node(hf: Any) -> dict[str, Any]:
+def window_node(hf: Any) -> dict[str, Any]:
     """model.sliding_window of a config whose window covers every layer (Mistral, Mixtral); null: full context."""
     window = getattr(hf, "sliding_window", None)
     return {"sliding_window": int(window)} if window else {}
 
 
-def _sliding_problems(hf: Any) -> list[str]:
+def sliding_problems(hf: Any) -> list[str]:
     layer_types = getattr(hf, "layer_types", None) or []
     if getattr(hf, "use_sliding_window", False) or "sliding_attention" in layer_types:
         return [f"sliding-window attention (sliding_window={hf.sliding_window}): curryTrain attends over the full causal context"]
@@ -108,14 +99,14 @@ def _head_dim(hf: Any) -> int:
     return int(head_dim) if head_dim and head_dim * hf.num_attention_heads != hf.hidden_size else 0
 
 
-def _rope_node(hf: Any) -> dict[str, Any]:
+def rope_node(hf: Any) -> dict[str, Any]:
     """The model.rope_* fields of a config's RoPE scaling (none: the fields keep their defaults)."""
     _, scaling = _rope(hf)
     kind = ROPE_TYPES[scaling.get("rope_type", scaling.get("type", "default"))]
     if kind == "none":
         return {}
     if kind == "yarn":
-        return {"rope_scaling": kind, **_yarn_node(hf, scaling)}
+        return {"rope_scaling": kind, **yarn_node(hf, scaling)}
     if kind == "dynamic":  # transformers measures the growth against max_position_embeddings
         return {"rope_scaling": kind, "rope_factor": float(scaling["factor"]), "rope_original_max_seq_len": int(hf.max_position_embeddings)}
     fields = {ROPE_KEYS[key]: float(scaling[key]) for key in ROPE_FIELDS[kind]}
@@ -124,7 +115,7 @@ def _rope_node(hf: Any) -> dict[str, Any]:
     return {"rope_scaling": kind, **fields}
 
 
-def _decoder_node(hf: Any, target: str) -> dict[str, Any]:
+def decoder_node(hf: Any, target: str) -> dict[str, Any]:
     theta, _ = _rope(hf)
     node = {
         "_target_": target,
@@ -142,10 +133,10 @@ def _decoder_node(hf: Any, target: str) -> dict[str, Any]:
     }
     if head_dim := _head_dim(hf):
         node["head_dim"] = head_dim
-    return {**node, **_rope_node(hf)}
+    return {**node, **rope_node(hf)}
 
 
-def _yarn_node(hf: Any, scaling: dict[str, Any]) -> dict[str, Any]:
+def yarn_node(hf: Any, scaling: dict[str, Any]) -> dict[str, Any]:
     """The model.rope_* fields of a yarn scaling, every default transformers fills in made explicit: the
     factor (DeepSeek leaves it out: max_position_embeddings / the original), beta_fast/slow, the attention
     factor (from mscale/mscale_all_dim when given), truncate."""
@@ -168,7 +159,7 @@ def _yarn_node(hf: Any, scaling: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _rope_hf(node: dict[str, Any]) -> dict[str, Any]:
+def rope_hf(node: dict[str, Any]) -> dict[str, Any]:
     """transformers' RoPE parameters of a model node (v5 reads rope_parameters, v4 rope_theta + rope_scaling)."""
     kind = node.get("rope_scaling", "none")
     params = {"rope_type": "default" if kind == "none" else kind, "rope_theta": node["rope_theta"]}
@@ -176,7 +167,7 @@ def _rope_hf(node: dict[str, Any]) -> dict[str, Any]:
     return {"rope_parameters": params, "rope_theta": node["rope_theta"], "rope_scaling": None if kind == "none" else params}
 
 
-def _decoder_hf_kwargs(node: dict[str, Any]) -> dict[str, Any]:
+def decoder_hf_kwargs(node: dict[str, Any]) -> dict[str, Any]:
     return {
         "vocab_size": node["vocab_size"],
         "hidden_size": node["dim"],
@@ -191,14 +182,14 @@ def _decoder_hf_kwargs(node: dict[str, Any]) -> dict[str, Any]:
         "tie_word_embeddings": node["tie_embeddings"],
         "initializer_range": node["init_std"],
         "hidden_act": "silu",
-        **_rope_hf(node),
+        **rope_hf(node),
     }
 
 
 # ---------------------------------------------------------------------------------------------- weights
 
 
-def _attention_names(node: dict[str, Any], i: int) -> list[tuple[str, str]]:
+def attention_names(node: dict[str, Any], i: int) -> list[tuple[str, str]]:
     ours, theirs = f"layers.{i}.", f"model.layers.{i}."
     pairs = [(f"{ours}attention_norm.weight", f"{theirs}input_layernorm.weight")]
     for our, hf in (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj"), ("wo", "o_proj")):
@@ -211,7 +202,7 @@ def _attention_names(node: dict[str, Any], i: int) -> list[tuple[str, str]]:
     return pairs
 
 
-def _outer_names(node: dict[str, Any]) -> list[tuple[str, str]]:
+def outer_names(node: dict[str, Any]) -> list[tuple[str, str]]:
     pairs = [("tok_embeddings.weight", "model.embed_tokens.weight"), ("norm.weight", "model.norm.weight")]
     if not node["tie_embeddings"]:  # tied: transformers stores only the embedding
         pairs.append(("output.weight", "lm_head.weight"))
@@ -238,7 +229,7 @@ class Family:
     # -- import
 
     def problems(self, hf: Any) -> list[str]:
-        problems = _decoder_problems(hf) + ([] if self.windowed else _sliding_problems(hf))
+        problems = decoder_problems(hf) + ([] if self.windowed else sliding_problems(hf))
         if getattr(hf, "attention_bias", False):
             problems.append("attention_bias=true: curryTrain's attention has no output-projection bias")
         if getattr(hf, "mlp_bias", False):
@@ -246,8 +237,8 @@ class Family:
         return problems
 
     def model_node(self, hf: Any) -> dict[str, Any]:
-        node = {**_decoder_node(hf, GQAConfig._target_), "qkv_bias": self.qkv_bias, "qk_norm": self.qk_norm}
-        return {**node, **_window_node(hf)} if self.windowed else node
+        node = {**decoder_node(hf, GQAConfig._target_), "qkv_bias": self.qkv_bias, "qk_norm": self.qk_norm}
+        return {**node, **window_node(hf)} if self.windowed else node
 
     def exported_names(self, node: dict[str, Any]) -> set[str]:
         """The curryTrain weights to_hf writes; any other weight of the model would be dropped."""
@@ -255,9 +246,9 @@ class Family:
 
     def weight_names(self, node: dict[str, Any]) -> list[tuple[str, str]]:
         """(curryTrain name, transformers name) of every weight."""
-        pairs = _outer_names(node)
+        pairs = outer_names(node)
         for i in range(node["n_layers"]):
-            pairs += _attention_names(node, i)
+            pairs += attention_names(node, i)
             pairs += [
                 (f"layers.{i}.mlp.w1.weight", f"model.layers.{i}.mlp.gate_proj.weight"),
                 (f"layers.{i}.mlp.w3.weight", f"model.layers.{i}.mlp.up_proj.weight"),
@@ -284,158 +275,8 @@ class Family:
         return []
 
     def hf_kwargs(self, node: dict[str, Any]) -> dict[str, Any]:
-        kwargs = _decoder_hf_kwargs(node)
+        kwargs = decoder_hf_kwargs(node)
         return {**kwargs, "sliding_window": node.get("sliding_window") or None} if self.windowed else kwargs
 
     def to_hf(self, state: dict[str, torch.Tensor], node: dict[str, Any]) -> dict[str, torch.Tensor]:
         return {theirs: state[ours] for ours, theirs in self.weight_names(node)}
-
-
-@dataclasses.dataclass(frozen=True)
-class MixtralFamily(Family):
-    """Mixtral: the dense attention of the Llama family plus a top-k softmax MoE in every layer.
-
-    curryTrain's model=moe stacks each layer's experts into three tensors at layers.{i}.moe.experts
-    (w1, w3: (num_experts, expert_hidden, dim); w2: (num_experts, dim, expert_hidden)) with the router
-    at layers.{i}.moe.router.gate. transformers writes Mixtral files with one w1/w2/w3 matrix per
-    expert under block_sparse_moe (the original layout; 5.x fuses w1|w3 into gate_up_proj only in
-    memory). Import reads both layouts; export writes the per-expert one, which every version loads.
-    """
-
-    def problems(self, hf: Any) -> list[str]:
-        return _decoder_problems(hf)
-
-    def model_node(self, hf: Any) -> dict[str, Any]:
-        node = _moe_defaults()
-        node.update(_decoder_node(hf, node["_target_"]))
-        node.update(_window_node(hf))
-        node.update(num_experts=int(hf.num_local_experts), top_k=int(hf.num_experts_per_tok), expert_hidden=int(hf.intermediate_size))
-        node.update(MIXTRAL_ROUTING)
-        # The load-balancing loss weight the checkpoint was trained with, so a fine-tune keeps it.
-        node["aux_loss_coef"] = float(getattr(hf, "router_aux_loss_coef", node["aux_loss_coef"]))
-        return node
-
-    def weight_names(self, node: dict[str, Any]) -> list[tuple[str, str]]:
-        """The weights that are a plain renaming; routers and experts are handled by to_currytrain / to_hf."""
-        pairs = _outer_names(node)
-        for i in range(node["n_layers"]):
-            pairs += _attention_names(node, i)
-        return pairs
-
-    def to_currytrain(self, read: Reader, available: set[str], node: dict[str, Any]) -> tuple[dict[str, torch.Tensor], set[str], list[str]]:
-        state, used, missing = super().to_currytrain(read, available, node)
-        hidden = node["expert_hidden"]
-        for i in range(node["n_layers"]):
-            ours, theirs = f"layers.{i}.moe.", f"model.layers.{i}."
-            fused = theirs + "mlp.experts.gate_up_proj" in available  # transformers 5.x in-memory names
-            router = theirs + ("mlp.gate.weight" if fused else "block_sparse_moe.gate.weight")
-            if fused:
-                names = {"w13": theirs + "mlp.experts.gate_up_proj", "w2": theirs + "mlp.experts.down_proj"}
-            else:
-                names = {w: [f"{theirs}block_sparse_moe.experts.{e}.{w}.weight" for e in range(node["num_experts"])] for w in ("w1", "w2", "w3")}
-            wanted = [router] + [n for v in names.values() for n in ([v] if isinstance(v, str) else v)]
-            absent = [n for n in wanted if n not in available]
-            if absent:
-                missing += absent
-                continue
-            used |= set(wanted)
-            state[ours + "router.gate.weight"] = read(router)
-            if fused:
-                w13 = read(names["w13"])
-                state[ours + "experts.w1"], state[ours + "experts.w3"] = w13[:, :hidden].contiguous(), w13[:, hidden:].contiguous()
-                state[ours + "experts.w2"] = read(names["w2"])
-            else:
-                for w, per_expert in names.items():
-                    state[ours + f"experts.{w}"] = torch.stack([read(n) for n in per_expert])
-        return state, used, missing
-
-    def exported_names(self, node: dict[str, Any]) -> set[str]:
-        names = super().exported_names(node)
-        for i in range(node["n_layers"]):
-            names |= {f"layers.{i}.moe.{w}" for w in ("router.gate.weight", "experts.w1", "experts.w2", "experts.w3")}
-        return names
-
-    def export_problems(self, node: dict[str, Any]) -> list[str]:
-        problems = []
-        for key, value in MIXTRAL_ROUTING.items():
-            if node.get(key) != value:
-                problems.append(f"model.{key}={node.get(key)}: Mixtral routes with {key}={value}; retrain or export another way")
-        if node.get("shared_expert"):
-            problems.append(
-                "model.shared_expert=true: Mixtral has no shared expert, so transformers would drop it and compute other "
-                "logits; only model.shared_expert=false exports (retrain without it)"
-            )
-        return problems
-
-    def hf_kwargs(self, node: dict[str, Any]) -> dict[str, Any]:
-        kwargs = _decoder_hf_kwargs(node)
-        kwargs.update(
-            intermediate_size=node["expert_hidden"],
-            num_local_experts=node["num_experts"],
-            num_experts_per_tok=node["top_k"],
-            sliding_window=node.get("sliding_window") or None,
-        )
-        if "aux_loss_coef" in node:  # the load-balancing weight; transformers applies it with output_router_logits
-            kwargs["router_aux_loss_coef"] = node["aux_loss_coef"]
-        return kwargs
-
-    def to_hf(self, state: dict[str, torch.Tensor], node: dict[str, Any]) -> dict[str, torch.Tensor]:
-        tensors = super().to_hf(state, node)
-        for i in range(node["n_layers"]):
-            tensors[f"model.layers.{i}.block_sparse_moe.gate.weight"] = state[f"layers.{i}.moe.router.gate.weight"]
-            for w in ("w1", "w2", "w3"):
-                for e, matrix in enumerate(state[f"layers.{i}.moe.experts.{w}"].unbind(0)):
-                    tensors[f"model.layers.{i}.block_sparse_moe.experts.{e}.{w}.weight"] = matrix
-        return tensors
-
-
-def _moe_defaults() -> dict[str, Any]:
-    """MoEConfig's defaults (model=moe); the mapping's own field names are checked against it."""
-    node = dataclasses.asdict(MoEConfig())
-    unknown = sorted((set(MOE_FIELDS) | set(MIXTRAL_ROUTING)) - set(node))
-    assert not unknown, f"currytrain/hf/families.py uses model=moe fields {unknown} that MoEConfig lacks: update MOE_FIELDS"
-    return node
-
-
-FAMILIES: dict[str, Family] = {
-    family.architecture: family
-    for family in (
-        Family("LlamaForCausalLM", "LlamaConfig", "llama"),
-        Family("Qwen2ForCausalLM", "Qwen2Config", "qwen2", qkv_bias=True),
-        Family("Qwen3ForCausalLM", "Qwen3Config", "qwen3", qk_norm=True),
-        Family("MistralForCausalLM", "MistralConfig", "mistral", windowed=True),
-        MixtralFamily("MixtralForCausalLM", "MixtralConfig", "mixtral"),
-    )
-}
-
-
-def _model_class(target: str) -> type | None:
-    """The class a model node's _target_ names, or None. Like build(), imports nothing outside its allow-list."""
-    module, _, name = target.rpartition(".")
-    if not module or target_problem(target) is not None:
-        return None
-    try:
-        found = getattr(importlib.import_module(module), name, None)
-    except ImportError:
-        return None
-    return found if isinstance(found, type) else None
-
-
-def family_for_model(node: dict[str, Any], prefer: str | None = None) -> Family | str:
-    """The architecture a curryTrain model node exports to, or why there is none. prefer: the architecture
-    an import came from, kept when it represents the node too (a Mistral without a window is also a Llama)."""
-    target = str(node.get("_target_", ""))
-    model_class = _model_class(target)
-    # Identity, not issubclass: a subclass may change forward(), and export promises transformers' logits.
-    if model_class is GQATransformer:
-        if node.get("qk_norm"):
-            if node.get("qkv_bias"):
-                return "model.qkv_bias=true with model.qk_norm=true has no transformers counterpart (Qwen3 biases o_proj as well)"
-            return FAMILIES["Qwen3ForCausalLM"]
-        if node.get("qkv_bias"):
-            return FAMILIES["Qwen2ForCausalLM"]
-        windowed = node.get("sliding_window") or prefer == "MistralForCausalLM"
-        return FAMILIES["MistralForCausalLM" if windowed else "LlamaForCausalLM"]
-    if model_class is MoETransformer:
-        return FAMILIES["MixtralForCausalLM"]
-    return f"model._target_={target} has no Hugging Face counterpart; export supports model=gqa and model=moe"

@@ -1,0 +1,139 @@
+"""Preflight probes. The data's honesty: does the loss depend on the labels, can the labels leak into the inputs, are batches deterministic, do train and val overlap."""
+
+import copy
+import dataclasses
+
+import torch
+
+from currytrain.check.probes import StepFn, chance_loss, eval_loss, get_batch, scratch
+from currytrain.check.stage import Finding, Status, crash_finding
+from currytrain.components import Components
+from currytrain.trainer.step import Batch
+
+
+def label_dependence(parts: Components, batch: Batch) -> Finding:
+    """The loss changes when the labels change (a loss against the inputs, or a constant, would not)."""
+    generator = torch.Generator().manual_seed(0)
+    random_targets = torch.randint(int(batch[1].max()) + 1, batch[1].shape, generator=generator).to(batch[1].device)
+    true, random = eval_loss(parts, batch), eval_loss(parts, (batch[0], random_targets))
+    observed = f"loss {true:.4f} with the labels, {random:.4f} with random labels"
+    if true == random:
+        return Finding(
+            "loss depends on labels",
+            Status.FAILED,
+            observed,
+            "different losses",
+            "the loss ignores the targets",
+            "compute the loss against the targets the data adapter returns",
+        )
+    return Finding("loss depends on labels", Status.PASSED, observed, "different losses")
+
+
+def _random_token_data(data, vocab: int, seed: int = 0):
+    """A copy of the data adapter cutting its batches from uniformly random tokens (same batch() code)."""
+    randomised = copy.copy(data)
+    generator = torch.Generator().manual_seed(seed)
+    length = max(min(len(data.train), 200_000), data.seq_len + 2)  # plenty of windows, cheap to draw
+    randomised.train = torch.randint(vocab, (length,), generator=generator, dtype=data.train.dtype)
+    randomised.val = randomised.train
+    return randomised
+
+
+def label_leakage(parts: Components, step: StepFn, batch_size: int, steps: int, margin: float) -> Finding:
+    """Trained on uniformly random tokens, no model can beat ln(V): a loss well below it means the inputs
+    carry the labels (an off-by-one in the batching, or the target copied into the inputs)."""
+    data = parts.data
+    if not isinstance(getattr(data, "train", None), torch.Tensor):
+        return Finding(
+            "no label leakage",
+            Status.WARNING,
+            f"{type(data).__name__} has no token stream (.train)",
+            "a stream to randomise",
+            "the probe needs the adapter's tokens",
+            "give the adapter a .train token tensor",
+        )
+    vocab = int(getattr(data, "vocab_size", parts.cfg.model.vocab_size))
+    floor = chance_loss(vocab)
+    randomised = dataclasses.replace(parts, data=_random_token_data(data, vocab))
+    with scratch(parts, lr="peak"):
+        losses = [step(randomised, get_batch(randomised, batch_size, step=index)).loss for index in range(steps)]
+    last = sum(losses[-3:]) / len(losses[-3:])
+    observed = f"loss {losses[0]:.3f} -> {last:.3f} after {steps} steps on random tokens"
+    expected = f">= ln({vocab}) - {margin:g} = {floor - margin:.3f}"
+    if last < floor - margin:
+        return Finding(
+            "no label leakage",
+            Status.FAILED,
+            observed,
+            expected,
+            "the model predicts random labels: the labels leak into the inputs (targets copied or not shifted)",
+            "inputs must be tokens [t, t+T) and targets [t+1, t+T+1]: check the data adapter's batch()",
+        )
+    return Finding("no label leakage", Status.PASSED, observed, expected)
+
+
+@torch.no_grad()
+def batch_determinism(parts: Components, batch_size: int) -> Finding:
+    first, again, other = get_batch(parts, batch_size, step=1), get_batch(parts, batch_size, step=1), get_batch(parts, batch_size, step=2)
+    same = torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+    expected = "the same (step, microbatch) gives the same batch; other steps give other batches"
+    if not same:
+        return Finding(
+            "deterministic batches",
+            Status.FAILED,
+            "two calls for step 1 differ",
+            expected,
+            "the batch function depends on hidden state (a global RNG, an iterator)",
+            "derive each batch from (seed, split, step, microbatch, rank) only",
+        )
+    if torch.equal(first[0], other[0]):
+        return Finding(
+            "deterministic batches",
+            Status.FAILED,
+            "steps 1 and 2 give the same batch",
+            expected,
+            "the step is ignored: every step trains on one batch",
+            "pass the step into the batch sampling",
+        )
+    return Finding("deterministic batches", Status.PASSED, "repeatable, and different per step", expected)
+
+
+def train_val_overlap(parts: Components, windows: int, max_share: float) -> Finding:
+    """Share of val windows (seq_len tokens) that occur verbatim in the train stream."""
+    data = parts.data
+    if not isinstance(getattr(data, "train", None), torch.Tensor) or not isinstance(getattr(data, "val", None), torch.Tensor):
+        return Finding(
+            "no train/val overlap",
+            Status.WARNING,
+            f"{type(data).__name__} has no train/val token streams",
+            "streams to compare",
+            "the probe needs .train and .val tensors",
+            "give the adapter .train and .val token tensors",
+        )
+    train = data.train.cpu().numpy().tobytes()
+    val_windows = data.batch("val", 0, 0, windows)[0]
+    found = sum(train.find(row.to(data.train.dtype).numpy().tobytes()) >= 0 for row in val_windows)
+    share = found / windows
+    observed = f"{found} of {windows} val windows ({data.seq_len} tokens) occur in the train stream"
+    expected = f"share <= {max_share:g}"
+    if share > max_share:
+        return Finding(
+            "no train/val overlap",
+            Status.FAILED,
+            observed,
+            expected,
+            "the val split repeats the train data (the same files in both, or no split at all)",
+            "split by file before any processing, and deduplicate the corpus",
+        )
+    status = Status.WARNING if found else Status.PASSED
+    cause = "some val text is duplicated in train (boilerplate shared across files)" if found else ""
+    return Finding("no train/val overlap", status, observed, expected, cause, "deduplicate the corpus" if found else "")
+
+
+def split_leakage(parts: Components, thresholds: dict) -> list[Finding]:
+    """The data's own leakage checks (currytrain.data.pipeline.leakage_report), one finding each."""
+    try:
+        leaks = parts.data.leakage_report(**thresholds)
+    except Exception as error:  # a crash is itself the finding, as in probe()
+        return [crash_finding("split leakage", error)]
+    return [Finding(leak.check, Status.FAILED if leak.leaked else Status.PASSED, leak.observed, leak.expected, leak.cause, leak.fix) for leak in leaks]
