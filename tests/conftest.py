@@ -51,13 +51,40 @@ def compose_cfg():
     GlobalHydra.instance().clear()
 
 
-def launch(*overrides: str, tiny: bool = True, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run `python launch.py ...` in a subprocess, as a user would (`env` adds environment variables)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+def launch_argv(overrides: tuple[str, ...], tiny: bool) -> list[str]:
+    """launch.py's arguments: flags (-m, --cfg job) first, then TINY, then the overrides."""
     flags = [arg for arg in overrides if arg.startswith("-")]  # -m etc. must precede the overrides
-    overrides = [arg for arg in overrides if not arg.startswith("-")]
-    args = [sys.executable, str(ROOT / "launch.py"), *flags, *(TINY if tiny else []), *overrides]
+    values = [arg for arg in overrides if not arg.startswith("-")]
+    return [*flags, *(TINY if tiny else []), *values]
+
+
+def launch_subprocess(*overrides: str, tiny: bool = True, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run `python launch.py ...` in a subprocess, as a user would (`env` adds environment variables). For what only
+    a process shows: its start-up, signals, a kill, workers it starts, output written by native code."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    args = [sys.executable, str(ROOT / "launch.py"), *launch_argv(overrides, tiny)]
     return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def needs_process(argv: list[str], env: dict[str, str] | None) -> bool:
+    """Runs the in-process runner leaves to a subprocess: several workers (their output is the workers'
+    processes', not this one's), multiruns (launchers and sweepers own their processes), a changed environment
+    (read at import time by libraries already imported here)."""
+    nproc = [arg.split("=", 1)[1] for arg in argv if arg.startswith("parallel.nproc=")]
+    if os.environ.get("CURRYTRAIN_TEST_SUBPROCESS") == "1":  # every run in its own process, as before the runner
+        return True
+    return bool(env) or "-m" in argv or "--multirun" in argv or any(not value.isdigit() or int(value) > 1 for value in nproc)
+
+
+def launch(*overrides: str, tiny: bool = True, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`python launch.py ...` as a user types it, with its exit code, stdout and stderr; run inside this test
+    process (tests.inprocess) unless it needs a process of its own (needs_process)."""
+    argv = launch_argv(overrides, tiny)
+    if needs_process(argv, env):
+        return launch_subprocess(*overrides, tiny=tiny, timeout=timeout, env=env)
+    from inprocess import run_launch_py
+
+    return run_launch_py(argv)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,99 @@
+"""`python launch.py ARGS` inside the test process: the same app, entry point and exit codes as a user's
+command (launch.py's `main` through currytrain.app.run_app), without paying a new interpreter, torch's import
+and Hydra's start-up for every run.
+
+What a process owns is saved and restored around each run: sys.argv, the working directory, the environment,
+signal handlers, logging handlers, warning filters, torch's thread count and default dtype, Hydra's global
+state, and the app's record of this process's outcomes. stdout and stderr are captured as text, so a test
+reads `returncode`, `stdout` and `stderr` exactly as from subprocess.run. Runs that need a process of their own
+(several workers, multiruns, a changed environment) go through conftest.launch_subprocess instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib.util
+import io
+import logging
+import os
+import signal
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from hydra.core.global_hydra import GlobalHydra
+
+ROOT = Path(__file__).resolve().parents[1]
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+_app: ModuleType | None = None
+
+
+def launch_module() -> ModuleType:
+    """launch.py as a module (imported once: it registers the schemas, and holds the @hydra.main function)."""
+    global _app
+    if _app is None:
+        spec = importlib.util.spec_from_file_location("launch_py", ROOT / "launch.py")
+        _app = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(_app)
+    return _app
+
+
+@contextlib.contextmanager
+def process_state(argv: list[str]) -> Iterator[None]:
+    """A fresh command's view of the process inside the block, the test's own restored after it."""
+    from currytrain import app
+
+    saved_argv, saved_cwd, saved_env = sys.argv[:], os.getcwd(), dict(os.environ)
+    saved_signals = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    saved_levels = {name: logger.level for name, logger in logging.Logger.manager.loggerDict.items() if isinstance(logger, logging.Logger)}
+    threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
+    sys.argv = [str(ROOT / "launch.py"), *argv]
+    os.chdir(ROOT)
+    GlobalHydra.instance().clear()
+    app._task_started = False
+    app._outcomes.clear()
+    try:
+        with warnings.catch_warnings():
+            yield
+    finally:
+        gc.unfreeze()  # run_app's quick_exit froze the heap for an exit that does not come here
+        GlobalHydra.instance().clear()
+        for handler in root.handlers:
+            if handler not in saved_handlers:
+                handler.close()  # the job's log file under its run folder
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+        for name, level in saved_levels.items():
+            logging.getLogger(name).setLevel(level)
+        torch.set_num_threads(threads)
+        torch.set_default_dtype(dtype)
+        for signum, handler in saved_signals.items():
+            signal.signal(signum, handler)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.chdir(saved_cwd)
+        sys.argv = saved_argv
+
+
+def run_launch_py(argv: list[str]) -> subprocess.CompletedProcess:
+    """Run launch.py's app with `argv` here; its exit code and captured output, as subprocess.run gives them."""
+    from currytrain.app import run_app
+
+    module = launch_module()
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with process_state(argv), contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            run_app(module.main)
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+            if not isinstance(exit_.code, int | None):
+                print(exit_.code, file=sys.stderr)  # as the interpreter prints a non-integer exit status
+    return subprocess.CompletedProcess(["launch.py", *argv], code, stdout.getvalue(), stderr.getvalue())
