@@ -5,6 +5,7 @@ above may use it."""
 from currytrain.stats.fits import PowerLawFit, fit_power_law, prediction_interval
 from currytrain.stats.tests import (
     PAIRED_T,
+    TESTS,
     WELCH,
     WILCOXON,
     Comparison,
@@ -27,6 +28,7 @@ __all__ = [
     "EQUIVALENT",
     "INCONCLUSIVE",
     "PAIRED_T",
+    "TESTS",
     "WELCH",
     "WILCOXON",
     "WORSE",

@@ -62,13 +62,19 @@ class Verdict:
         return f"{n[0]} paired seeds" if len(n) == 1 else f"{n[0]} + {n[1]} seeds"
 
     @property
-    def text(self) -> str:
-        """One line: the word, the difference with its interval, p, the test, the seeds and alpha."""
+    def numbers(self) -> str:
+        """The difference with its interval, p, the test, the seeds and alpha."""
         unit = f" {self.unit}" if self.unit else ""
         low, high = self.interval
         level = f"{100 * (1 - self.alpha):g}%"
         p = f"p = {_p_text(self.p)}" + (f" (Holm over {self.family})" if self.family > 1 else "")
-        numbers = f"{self.difference:+.4f}{unit} [{low:+.4f}, {high:+.4f}] ({level}), {p}, {self.comparison.test}, {self.seeds}, alpha {self.alpha:g}"
+        return f"{self.difference:+.4f}{unit} [{low:+.4f}, {high:+.4f}] ({level}), {p}, {self.comparison.test}, {self.seeds}, alpha {self.alpha:g}"
+
+    @property
+    def text(self) -> str:
+        """One line: the word, then the numbers."""
+        unit = f" {self.unit}" if self.unit else ""
+        numbers = self.numbers
         if self.word in (BETTER, WORSE):
             return f"{self.candidate} is {self.word} than {self.baseline}: {numbers}"
         if self.word == EQUIVALENT:
