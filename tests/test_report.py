@@ -215,3 +215,27 @@ def test_bench_prints_a_json_record_of_the_step(tmp_path):
     assert record["tokens_per_step"] == 4 * 32 and record["step_seconds"]["min"] <= record["step_seconds"]["median"] <= record["step_seconds"]["max"]
     assert 0 < record["mfu"] and record["roofline_flops_per_s"] > 0 and set(record["split_seconds"]) == {"forward", "backward", "optimizer"}
     assert record["model_flops_per_token"] == 6 * (25_696 - 256 * 32) + 12 * 1 * 32 * 32  # 6 N (no embedding) + 12 L d s
+
+
+def _study(values: dict[tuple[float, int], float]):
+    """An in-memory Optuna study holding one complete trial per (lr, seed): value."""
+    import optuna
+    from optuna.distributions import FloatDistribution, IntDistribution
+
+    study = optuna.create_study(direction="minimize")
+    space = {"optimizer.lr": FloatDistribution(1e-5, 1.0, log=True), "seed": IntDistribution(0, 10)}
+    for (lr, seed), value in values.items():
+        study.add_trial(optuna.trial.create_trial(params={"optimizer.lr": lr, "seed": seed}, distributions=space, value=value))
+    return study
+
+
+def test_sweep_report_says_whether_the_best_config_is_distinguishable_from_the_runner_up():
+    from currytrain.sweep.report import best_vs_runner_up
+
+    single = best_vs_runner_up(_study({(0.01, 0): 2.90, (0.003, 0): 2.95, (0.001, 0): 3.4}), "val_loss")
+    assert "Best (optimizer.lr=0.01) vs runner-up (optimizer.lr=0.003)" in single and "gap 0.0500, not distinguishable yet: 1 and 1 seed(s)" in single
+    seeded = {(0.01, s): v for s, v in enumerate([2.90, 3.05, 2.95])} | {(0.003, s): v + 0.02 for s, v in enumerate([2.90, 3.05, 2.95])}
+    paired = best_vs_runner_up(_study(seeded), "val_loss")
+    assert "optimizer.lr=0.01 is better than optimizer.lr=0.003: -0.0200" in paired and "paired t, 3 paired seeds" in paired, paired
+    noisy = {(0.01, s): v for s, v in enumerate([2.90, 3.05, 2.95])} | {(0.003, s): v for s, v in enumerate([2.96, 2.93, 3.05])}
+    assert "optimizer.lr=0.01 vs optimizer.lr=0.003: inconclusive" in best_vs_runner_up(_study(noisy), "val_loss")
