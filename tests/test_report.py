@@ -189,6 +189,10 @@ def test_compare_reads_a_sweep_folder_and_a_multirun_folder_in_one_call(tmp_path
     assert set(found.differs) == {"optimizer.lr"}, "the sweep's own settings do not split a trial from the same config run alone"
     assert all("no verdict" in line and "would detect" in line for line in found.lines), found.lines
     assert (tmp_path / "compare" / "report.md").is_file() and (sweep / "report.md").read_text().startswith("# Sweep report"), "the sweep's report is kept"
+    assert (
+        "vs runner-up (optimizer.lr=" in (sweep / "report.md").read_text()
+        and "1 and 1 seed(s), so the gap cannot be told from seed noise" in (sweep / "report.md").read_text()
+    )
 
 
 def test_seeds_needed_follows_the_power_rule():
