@@ -6,7 +6,7 @@
     currytrain hf export RUN OUTDIR          a curryTrain run or import folder -> Hugging Face folder
     currytrain journal RUN                   a run's journal as a timeline
     currytrain verify RUN                    each checkpoint against its checksums (exit 1 if one fails)
-    currytrain compare RUN_OR_SWEEP [...]    runs grouped by config, seed-noise-aware verdicts, report.md
+    currytrain compare RUN_OR_SWEEP [...]    runs grouped by config, paired/Welch verdicts with p, report.md
     currytrain diagnose RUN [--json]         what went wrong, and the fix
     currytrain bench [overrides] [--json]    tokens/s, MFU and the step's split for a config
     currytrain estimate [overrides] [--tokens T] [--gpu h100]   FLOPs, time, device-hours and money of a run
@@ -21,7 +21,6 @@ import argparse
 import json
 import logging
 import sys
-import time
 from pathlib import Path
 
 from currytrain.errors import ConfigError, Outcome, RunFailed
@@ -126,17 +125,14 @@ def _verify(args: argparse.Namespace) -> None:
 
 
 def _compare(args: argparse.Namespace) -> None:
-    from currytrain.report.compare import compare
+    from currytrain.report.compare import compare, summary
 
-    first = Path(args.runs[0]).expanduser()
-    out = Path(args.out) if args.out else (first if len(args.runs) == 1 and first.is_dir() else Path("runs/compare") / time.strftime("%Y-%m-%d_%H-%M-%S"))
-    groups, verdicts, report = compare(args.runs, out)
-    for group in groups:
-        spread = f" ± {group.std:.4f}" if len(group.values) >= 2 else ""
-        print(f"{group.name}: {len(group.runs)} run(s), final val loss {group.mean:.4f}{spread}")
-    for verdict in verdicts:
-        print(f"  -> {verdict.text}")
-    print(f"report: {report}")
+    found = compare(args.runs, args.out, args.metric, args.direction, args.baseline, args.alpha, args.delta, args.test)
+    for group in found.groups:
+        print(f"{group.name}: {len(group.runs)} run(s), final {found.metric} {summary(group)}")
+    for line in found.lines:
+        print(f"  -> {line}")
+    print(f"report: {found.report}")
 
 
 def _diagnose(args: argparse.Namespace) -> None:
@@ -253,9 +249,15 @@ def _add_runs(commands: argparse._SubParsersAction) -> None:
     verify.add_argument("run", help="a run folder (or one of its checkpoints/step_N)")
     verify.set_defaults(handler=_verify)
 
-    compare = commands.add_parser("compare", help="compare runs, seeds and sweeps with a seed-noise-aware verdict")
-    compare.add_argument("runs", nargs="+", help="run folders, multirun folders or sweep folders")
-    compare.add_argument("--out", default=None, help="folder for report.md and curves.png (default: the one folder given, else runs/compare/<time>)")
+    compare = commands.add_parser("compare", help="compare runs, seeds and sweeps: better/worse/equivalent/inconclusive with test, n and p")
+    compare.add_argument("runs", nargs="+", help="run folders, multirun folders or sweep folders, in any mix")
+    compare.add_argument("--out", default=None, help="folder for report.md and curves.png (default: compare/ in the runs' common parent)")
+    compare.add_argument("--metric", default="val_loss", help="the final value compared (default val_loss; any journaled metric, e.g. train/loss)")
+    compare.add_argument("--direction", default="minimize", choices=["minimize", "maximize"], help="whether lower or higher is better")
+    compare.add_argument("--baseline", default=None, help="the group the others are judged against, by its printed name or a run folder (default: the first)")
+    compare.add_argument("--alpha", type=float, default=0.05, help="significance level (0.01 for a claim worth a headline)")
+    compare.add_argument("--delta", type=float, default=None, help="equivalence margin in the metric's unit: 'equivalent within ±delta' by TOST")
+    compare.add_argument("--test", default="t", choices=["t", "wilcoxon"], help="the paired test where groups share seeds (Welch's t otherwise)")
     compare.set_defaults(handler=_compare)
 
     diagnose = commands.add_parser("diagnose", help="name what went wrong in a run, and the fix")

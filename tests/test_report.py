@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,16 +15,18 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import ROOT, TINY, launch
-from currytrain.report.compare import compare, seeds_needed
+from conftest import ROOT, TINY, compose_tiny, launch, single_threaded
+from currytrain.report.compare import compare
 from currytrain.report.diagnose import diagnose
 from currytrain.run import write_run_record
+from currytrain.stats import seeds_needed
 from currytrain.trainer.hooks import Decision
 from currytrain.trainer.trainer import Trainer
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "currytrain.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+def cli(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "currytrain.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
 def _causes(run_dir) -> list[str]:
@@ -91,37 +94,109 @@ def test_journal_prints_a_timeline_and_a_healthy_run_is_ok(tmp_path):
     assert lines[0].split()[1] == "header" and "finish" in lines[-1] and any("metrics   steps 1-3 (3 records)" in line for line in lines)
 
 
-def _seed_runs(compose_cfg, folder, seeds, *overrides):
-    for seed in seeds:
-        run_dir = folder / f"seed{seed}"
-        cfg = OmegaConf.load(write_run_record(compose_cfg(f"seed={seed}", "trainer.max_steps=20", "trainer.eval_every=10", *overrides), run_dir, [], run_dir))
-        Trainer(cfg, run_dir).train()
+def _train(run_dir, *overrides):
+    cfg = OmegaConf.load(write_run_record(compose_tiny(*overrides, "trainer.max_steps=20", "trainer.eval_every=10"), run_dir, [], run_dir))
+    Trainer(cfg, run_dir).train()
 
 
-def test_compare_finds_a_real_difference_and_calls_seed_noise_noise(compose_cfg, tmp_path, one_thread):
-    _seed_runs(compose_cfg, tmp_path / "sweep", range(3), "optimizer.lr=0.003")
-    _seed_runs(compose_cfg, tmp_path / "sweep", range(3, 6), "optimizer.lr=0.0003")  # 10x off
-    groups, found, report = compare([str(tmp_path / "sweep")], tmp_path / "out")
-    assert [len(g.runs) for g in groups] == [3, 3] and groups[1].name == "optimizer.lr=0.0003"
-    assert found[0].text.startswith("optimizer.lr=0.0003 is worse than baseline by")
-    assert (tmp_path / "out" / "curves.png").stat().st_size > 0 and "## Verdicts" in report.read_text()
-
-    _seed_runs(compose_cfg, tmp_path / "a", range(3))
-    _seed_runs(compose_cfg, tmp_path / "b", range(3, 6))
-    _, found, _ = compare([str(tmp_path / "a"), str(tmp_path / "b")], tmp_path / "out2")
-    assert found[0].text.startswith("within seed noise"), found[0].text
+@pytest.fixture(scope="module")
+def six_runs(tmp_path_factory):
+    """The issue's six run folders, each a run of its own: lr 3e-3 (good) and 3e-5 (bad), seeds 0, 1, 2 each."""
+    folder = tmp_path_factory.mktemp("six")
+    with single_threaded():
+        for name, lr in (("good", "0.003"), ("bad", "3e-05")):
+            for seed in range(3):
+                _train(folder / f"{name}{seed}", f"seed={seed}", f"optimizer.lr={lr}")
+    return folder
 
 
-def test_compare_refuses_a_verdict_from_single_seeds(compose_cfg, tmp_path, one_thread):
-    _seed_runs(compose_cfg, tmp_path / "a", [0])
-    _seed_runs(compose_cfg, tmp_path / "b", [1])
-    result = cli("compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "out"))
+def _six(folder) -> list[str]:
+    return [str(folder / f"{name}{seed}") for name in ("good", "bad") for seed in range(3)]
+
+
+def test_six_run_folders_group_by_config_pair_by_seed_and_report_beside_the_runs(six_runs, tmp_path):
+    result = cli("compare", *_six(six_runs), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "optimizer.lr=3e-05 is worse than optimizer.lr=0.003: +" in result.stdout, result.stdout
+    assert "p = " in result.stdout and "paired t, 3 paired seeds, alpha 0.05" in result.stdout
+    assert list(tmp_path.iterdir()) == [], "nothing written into the current directory"
+    report = (six_runs / "compare" / "report.md").read_text()
+    assert "## What differs" in report and "| optimizer.lr | 0.003 | 3e-05 |" in report and (six_runs / "compare" / "curves.png").stat().st_size > 0
+    flipped = cli("compare", *_six(six_runs), "--baseline", "optimizer.lr=3e-05", "--alpha", "0.01", "--out", str(tmp_path / "out"))
+    assert "optimizer.lr=0.003 is better than optimizer.lr=3e-05: -" in flipped.stdout and "alpha 0.01" in flipped.stdout, flipped.stdout
+    wilcoxon = compare(_six(six_runs), tmp_path / "w", test="wilcoxon")
+    assert wilcoxon.verdicts[0].word == "inconclusive" and wilcoxon.verdicts[0].p == 0.25, "3 pairs: the exact signed-rank p is at least 1/4"
+
+
+def test_unshared_seeds_of_a_near_identical_config_are_welch_and_inconclusive(six_runs, tmp_path, one_thread):
+    for seed in range(3, 6):
+        _train(tmp_path / f"near{seed}", f"seed={seed}", "optimizer.lr=0.00301")
+    found = compare([*_six(six_runs)[:3], str(tmp_path)], tmp_path / "out")
+    (verdict,) = found.verdicts
+    assert verdict.comparison.test == "Welch t" and verdict.comparison.n == (3, 3)
+    assert verdict.word == "inconclusive" and verdict.text.startswith("optimizer.lr=0.00301 vs optimizer.lr=0.003: inconclusive"), verdict.text
+
+
+def test_compare_refuses_a_verdict_from_single_seeds(six_runs, tmp_path):
+    result = cli("compare", str(six_runs / "good0"), str(six_runs / "bad1"), "--out", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
-    assert "no verdict from single seeds" in result.stdout and "run at least 3 seeds" in result.stdout
+    assert "no verdict (optimizer.lr=0.003: 1, optimizer.lr=3e-05: 1 seeds)" in result.stdout and "run at least 3 seeds" in result.stdout
+
+
+def _without_val_loss(run, copy):
+    """A finished run whose journal never recorded val_loss: another metric's run."""
+    shutil.copytree(run, copy)
+    records = [json.loads(line) for line in (copy / "journal.jsonl").read_text().splitlines()]
+    lines = [json.dumps({k: v for k, v in r.items() if k != "val_loss"}) for r in records if r["type"] != "eval"]
+    (copy / "journal.jsonl").write_text("\n".join(lines) + "\n")
+    return str(copy)
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("not a run", "holds no run folder (no journal.jsonl below it): pass a run, multirun or sweep folder"),
+        ("other metrics", "--metric val_loss: 1 of 4 finished runs never recorded it"),
+        ("unknown metric", "--metric val/acc: 6 of 6 finished runs never recorded it"),
+        ("no such baseline", "--baseline optimizer.lr=1 matches no group: pass one of ['optimizer.lr=0.003', 'optimizer.lr=3e-05']"),
+        ("bad alpha", "--alpha 0.7: choose a level in (0, 0.5)"),
+    ],
+)
+def test_bad_compare_input_exits_2_with_the_fix_and_writes_nothing(six_runs, tmp_path, case, message):
+    args = {
+        "not a run": lambda: [str(six_runs / "good0"), str(tmp_path)],
+        "other metrics": lambda: [*_six(six_runs)[:3], _without_val_loss(six_runs / "bad0", tmp_path / "odd")],
+        "unknown metric": lambda: [*_six(six_runs), "--metric", "val/acc"],
+        "no such baseline": lambda: [*_six(six_runs), "--baseline", "optimizer.lr=1"],
+        "bad alpha": lambda: [*_six(six_runs), "--alpha", "0.7"],
+    }[case]()
+    result = cli("compare", *args, "--out", str(tmp_path / "out"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr and message in result.stderr, result.stderr[-2000:]
+    assert not (tmp_path / "out").exists()
+    if case == "other metrics":
+        assert "pass --metric one of [" in result.stderr and "'train/loss'" in result.stderr
+
+
+def test_compare_reads_a_sweep_folder_and_a_multirun_folder_in_one_call(tmp_path):
+    sweep, multirun = tmp_path / "sweep", tmp_path / "multirun"
+    for args in (("-m", "sweep=random", "sweep.n_trials=2", f"hydra.sweep.dir={sweep}"), ("-m", "seed=0,1", f"hydra.sweep.dir={multirun}")):
+        done = launch(*args)
+        assert done.returncode == 0, done.stderr[-2000:]
+    result = cli("compare", str(sweep), str(multirun), "--baseline", str(multirun / "0"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    found = compare([str(sweep), str(multirun)], tmp_path / "again", baseline=str(multirun / "0"))
+    assert sorted(len(g.runs) for g in found.groups) == [1, 1, 2] and found.baseline.runs[0].path.parent == multirun
+    assert set(found.differs) == {"optimizer.lr"}, "the sweep's own settings do not split a trial from the same config run alone"
+    assert all("no verdict" in line and "would detect" in line for line in found.lines), found.lines
+    assert (tmp_path / "compare" / "report.md").is_file() and (sweep / "report.md").read_text().startswith("# Sweep report"), "the sweep's report is kept"
+    assert (
+        "vs runner-up (optimizer.lr=" in (sweep / "report.md").read_text()
+        and "1 and 1 seed(s), so the gap cannot be told from seed noise" in (sweep / "report.md").read_text()
+    )
 
 
 def test_seeds_needed_follows_the_power_rule():
-    assert seeds_needed(noise=0.1, effect=0.1) == 16  # 2 * (1.96 + 0.84)^2 = 15.7
+    assert seeds_needed(noise=0.1, effect=0.1) == 17  # exact t: 16 seeds have 78% power (the normal rule's 15.7 said 16)
     assert seeds_needed(noise=0.01, effect=0.1) == 2
 
 
@@ -144,3 +219,27 @@ def test_bench_prints_a_json_record_of_the_step(tmp_path):
     assert record["tokens_per_step"] == 4 * 32 and record["step_seconds"]["min"] <= record["step_seconds"]["median"] <= record["step_seconds"]["max"]
     assert 0 < record["mfu"] and record["roofline_flops_per_s"] > 0 and set(record["split_seconds"]) == {"forward", "backward", "optimizer"}
     assert record["model_flops_per_token"] == 6 * (25_696 - 256 * 32) + 12 * 1 * 32 * 32  # 6 N (no embedding) + 12 L d s
+
+
+def _study(values: dict[tuple[float, int], float]):
+    """An in-memory Optuna study holding one complete trial per (lr, seed): value."""
+    import optuna
+    from optuna.distributions import FloatDistribution, IntDistribution
+
+    study = optuna.create_study(direction="minimize")
+    space = {"optimizer.lr": FloatDistribution(1e-5, 1.0, log=True), "seed": IntDistribution(0, 10)}
+    for (lr, seed), value in values.items():
+        study.add_trial(optuna.trial.create_trial(params={"optimizer.lr": lr, "seed": seed}, distributions=space, value=value))
+    return study
+
+
+def test_sweep_report_says_whether_the_best_config_is_distinguishable_from_the_runner_up():
+    from currytrain.sweep.report import best_vs_runner_up
+
+    single = best_vs_runner_up(_study({(0.01, 0): 2.90, (0.003, 0): 2.95, (0.001, 0): 3.4}), "val_loss")
+    assert "Best (optimizer.lr=0.01) vs runner-up (optimizer.lr=0.003)" in single and "gap 0.0500, not distinguishable yet: 1 and 1 seed(s)" in single
+    seeded = {(0.01, s): v for s, v in enumerate([2.90, 3.05, 2.95])} | {(0.003, s): v + 0.02 for s, v in enumerate([2.90, 3.05, 2.95])}
+    paired = best_vs_runner_up(_study(seeded), "val_loss")
+    assert "optimizer.lr=0.01 is better than optimizer.lr=0.003: -0.0200" in paired and "paired t, 3 paired seeds" in paired, paired
+    noisy = {(0.01, s): v for s, v in enumerate([2.90, 3.05, 2.95])} | {(0.003, s): v for s, v in enumerate([2.96, 2.93, 3.05])}
+    assert "optimizer.lr=0.01 vs optimizer.lr=0.003: inconclusive" in best_vs_runner_up(_study(noisy), "val_loss")

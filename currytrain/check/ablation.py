@@ -3,12 +3,13 @@
 The idea is a list of overrides of the configured run: values (`check.stages.ablation.idea=[optimizer.lr=0.01]`)
 or other options of groups and experiment files (`idea=[model=moe]`, `idea=[experiment=my_idea]`), for which the
 arm is composed again by Hydra from the run's own overrides plus the idea's.
-Both arms train the same seeds at a small budget; the verdict compares the mean final val losses with a
-Welch 95% interval (the one `currytrain compare` uses): "real" when the interval excludes 0, "within
-noise" when it holds it. Next to the expected gain stands the cost of one full run of the configured
+Both arms train the same seeds at a small budget, so the verdict (currytrain.stats, as `currytrain compare`
+decides) pairs them by seed: a paired t-test on the per-seed differences of the final val loss, at alpha
+0.05. Seed-to-seed spread that both arms share cancels; Welch's interval, which ignores the pairing, would be
+several times wider. Next to the expected gain stands the cost of one full run of the configured
 trainer.max_steps: its wall time here, from the step time the arms measured, and its device-hours and
 money on cfg.cost (`currytrain estimate`).
-Gate: an idea that is really worse fails; within noise warns; really better passes.
+Gate: an idea that is worse fails; inconclusive warns (with the seeds that would settle it); better passes.
 """
 
 from __future__ import annotations
@@ -18,13 +19,12 @@ import statistics
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
 from currytrain.check.subruns import SubRun, arm_config, budget_overrides, run_seeds
 from currytrain.components import Components
-from currytrain.report.compare import welch
+from currytrain.stats import BETTER, WORSE, Verdict, decide
 
 
-def verdict(baseline: list[float], idea: list[float]) -> tuple[float, float, str]:
-    """(mean(idea) - mean(baseline), half-width of its 95% interval, 'real' or 'within noise')."""
-    difference, half = welch(baseline, idea)
-    return difference, half, "real" if abs(difference) > half else "within noise"
+def verdict(baseline: list[float], idea: list[float], name: str = "idea") -> Verdict:
+    """The idea against the baseline, paired by seed (both lists in the same seed order)."""
+    return decide(baseline, idea, paired=True, names=("baseline", name), unit="nats")
 
 
 def full_run_seconds(runs: list[SubRun], sub_steps: int, full_steps: int) -> float:
@@ -34,7 +34,7 @@ def full_run_seconds(runs: list[SubRun], sub_steps: int, full_steps: int) -> flo
 
 
 def ablation_finding(idea: list[str], base: list[SubRun], arm: list[SubRun], full_seconds: float) -> Finding:
-    expected = "the idea lowers the final val loss beyond seed noise (Welch 95% interval excludes 0)"
+    expected = "the idea lowers the final val loss beyond seed noise (paired t over the shared seeds, p < 0.05)"
     unfinished = [run.name for run in base + arm if not run.finished]
     if unfinished:
         return Finding(
@@ -46,23 +46,23 @@ def ablation_finding(idea: list[str], base: list[SubRun], arm: list[SubRun], ful
             "check the idea's overrides (a higher lr?); run check=lr_range on the idea",
         )
     a, b = [run.val_loss for run in base], [run.val_loss for run in arm]
-    difference, half, word = verdict(a, b)
+    found = verdict(a, b, " ".join(idea))
     observed = (
-        f"{' '.join(idea)}: {word}, {difference:+.4f} ± {half:.4f} nats (idea {statistics.fmean(b):.4f} vs baseline {statistics.fmean(a):.4f}, "
-        f"{len(a)} seeds each); a full run costs ~{full_seconds / 60:.1f} min here"
+        f"{' '.join(idea)}: {found.word}, {found.numbers} (idea {statistics.fmean(b):.4f} vs baseline {statistics.fmean(a):.4f}); "
+        f"a full run costs ~{full_seconds / 60:.1f} min here"
     )
-    if word == "within noise":
-        return Finding(
-            "ablation",
-            Status.WARNING,
-            observed,
-            expected,
-            "the difference is within seed noise at this budget: the idea's gain, if any, is smaller than the noise",
-            "more seeds (check.stages.ablation.seeds) or a longer budget (check.stages.ablation.max_steps) before a full run",
-        )
-    if difference > 0:
-        return Finding("ablation", Status.FAILED, observed, expected, "the idea is really worse than the baseline at this budget", "drop or rethink the idea")
-    return Finding("ablation", Status.PASSED, observed, expected)
+    if found.word == WORSE:
+        return Finding("ablation", Status.FAILED, observed, expected, "the idea is worse than the baseline at this budget", "drop or rethink the idea")
+    if found.word == BETTER:
+        return Finding("ablation", Status.PASSED, observed, expected)
+    return Finding(
+        "ablation",
+        Status.WARNING,
+        observed,
+        expected,
+        f"inconclusive: the difference is within seed noise at this budget; {found.advice()}",
+        "more seeds (check.stages.ablation.seeds) or a longer budget (check.stages.ablation.max_steps) before a full run",
+    )
 
 
 class Ablation(Stage):
@@ -73,8 +73,8 @@ class Ablation(Stage):
 
     def __init__(self, idea: list[str] = (), seeds: int = 3, max_steps: int | None = 100, baseline: list[str] = ()):
         self.idea, self.seeds, self.max_steps, self.baseline = list(idea), seeds, max_steps, list(baseline)
-        self.verdict: tuple[float, float, str] | None = None
-        """(difference, half-width, word) of the last assessment."""
+        self.verdict: Verdict | None = None
+        """The last assessment's verdict (paired by seed)."""
 
     def assess(self, parts: Components | None, ctx: StageContext) -> StageResult:
         result = StageResult(self.name)
@@ -94,7 +94,7 @@ class Ablation(Stage):
         finding = ablation_finding(self.idea, base, arm, full)
         finding.observed += f"; on {ctx.cfg.cost.name}: {_priced(ctx)}" if "cost" in ctx.cfg else ""
         if all(run.finished for run in base + arm):
-            self.verdict = verdict([r.val_loss for r in base], [r.val_loss for r in arm])
+            self.verdict = verdict([r.val_loss for r in base], [r.val_loss for r in arm], " ".join(self.idea))
         result.findings.append(finding)
         result.details = arms_table(base, arm) + f"\n\nThe arms are run folders: `currytrain compare {ctx.run_dir}/{self.name}`."
         return result

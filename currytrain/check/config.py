@@ -275,6 +275,9 @@ class ScalingConfig:
     """Residual-bootstrap refits for the intervals."""
     target_params: int = 0
     """Extrapolate the fit to this many parameters (0: no extrapolation)."""
+    seed_std: float = 0.0
+    """Seed-to-seed std of one run's loss (nats; check=seeds reports it): widens the bootstrap and the held-out
+    interval to at least this noise. 0: the fit's residuals stand for it."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:

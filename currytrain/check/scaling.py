@@ -2,16 +2,15 @@
 
 Each size is the configured model at another width (model.dim, hidden sizes scaled alike), trained for the
 same number of steps, so every run sees the same tokens D and its compute is C = 6 N D; the compute form
-L(C) = E + B * C^-alpha is the same fit with N replaced by C. The fit (scipy's least squares, in log
-space for A so that it stays positive) gets a residual-bootstrap interval for alpha and for the
-prediction; the prediction's interval adds the residual noise of one run. The largest size is held out:
-it is predicted from the others, and the gate is that its measured loss lies inside the stated interval.
+L(C) = E + B * C^-alpha is the same fit with N replaced by C. The fit and its bootstrap intervals are
+currytrain.stats.fits: the prediction's interval adds the noise of one run, the fit's residual std or, when
+`seed_std` gives a measured seed-to-seed std (check=seeds' std), the larger of the two, which then also
+drives the bootstrap. The largest size is held out: it is predicted from the others, and the gate is that
+its measured loss lies inside the stated interval.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,66 +19,9 @@ from currytrain.check import figures
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
 from currytrain.check.subruns import SubRun, budget_overrides, train_subrun, width_overrides
 from currytrain.components import Components
+from currytrain.stats.fits import PowerLawFit, fit_power_law
 
-
-def power_law(n: np.ndarray, e: float, log_a: float, alpha: float) -> np.ndarray:
-    return e + np.exp(log_a - alpha * np.log(n))
-
-
-@dataclass
-class PowerLawFit:
-    e: float
-    a: float
-    alpha: float
-    alphas: list[float] = field(default_factory=list, repr=False)
-    """alpha of every bootstrap refit."""
-    residual_std: float = 0.0
-    """Std of one point around the fit (the noise of one run)."""
-    boot: list[tuple[float, float, float]] = field(default_factory=list, repr=False)
-
-    def predict(self, n: float) -> float:
-        return float(power_law(np.asarray(n, float), self.e, math.log(self.a), self.alpha))
-
-    def alpha_interval(self, level: float = 0.95) -> tuple[float, float]:
-        low, high = np.quantile(self.alphas, [(1 - level) / 2, (1 + level) / 2])
-        return float(low), float(high)
-
-    def prediction_interval(self, n: float, level: float = 0.95) -> tuple[float, float]:
-        """Where one run at size n should land: the fit's bootstrap spread plus one run's noise."""
-        from scipy import stats
-
-        predictions = np.array([float(power_law(np.asarray(n, float), e, log_a, alpha)) for e, log_a, alpha in self.boot])
-        z = float(stats.norm.ppf((1 + level) / 2))
-        spread = math.sqrt(float(np.var(predictions)) + self.residual_std**2)
-        center = self.predict(n)
-        return center - z * spread, center + z * spread
-
-
-def _least_squares(n: np.ndarray, loss: np.ndarray, start: tuple[float, float, float]) -> tuple[float, float, float]:
-    from scipy.optimize import least_squares
-
-    bounds = ([-np.inf, -np.inf, 0.0], [float(loss.min()), np.inf, 5.0])  # E below every observed loss
-    fit = least_squares(lambda p: power_law(n, *p) - loss, start, bounds=bounds, method="trf")
-    return tuple(float(v) for v in fit.x)
-
-
-def fit_power_law(sizes: list[float], losses: list[float], bootstrap: int = 500, seed: int = 0) -> PowerLawFit:
-    """L(N) = E + A N^-alpha by least squares, with `bootstrap` residual resamplings for the intervals."""
-    n, loss = np.asarray(sizes, float), np.asarray(losses, float)
-    e0 = float(loss.min()) - 0.5 * float(loss.max() - loss.min()) - 1e-3
-    slope = np.polyfit(np.log(n), np.log(np.maximum(loss - e0, 1e-9)), 1)
-    start = (e0, float(slope[1]), float(min(max(-slope[0], 0.01), 4.9)))
-    e, log_a, alpha = _least_squares(n, loss, start)
-    fitted = power_law(n, e, log_a, alpha)
-    residuals = loss - fitted
-    dof = max(1, len(n) - 3)
-    residual_std = math.sqrt(float(residuals @ residuals) / dof)
-    rng = np.random.default_rng(seed)
-    boot = []
-    for _ in range(bootstrap):
-        sample = fitted + rng.choice(residuals, size=len(n), replace=True) * math.sqrt(len(n) / dof)
-        boot.append(_least_squares(n, sample, (e, log_a, alpha)))
-    return PowerLawFit(e, math.exp(log_a), alpha, [b[2] for b in boot], residual_std, boot)
+__all__ = ["PowerLawFit", "Scaling", "fit_power_law", "held_out_finding", "width_overrides"]
 
 
 def held_out_finding(fit: PowerLawFit, held: SubRun) -> Finding:
@@ -106,8 +48,11 @@ class Scaling(Stage):
     name = "scaling"
     needs_components = False
 
-    def __init__(self, widths: list[int] = (32, 48, 64, 96, 128), max_steps: int | None = 100, bootstrap: int = 500, target_params: int = 0):
+    def __init__(
+        self, widths: list[int] = (32, 48, 64, 96, 128), max_steps: int | None = 100, bootstrap: int = 500, target_params: int = 0, seed_std: float = 0.0
+    ):
         self.widths, self.max_steps, self.bootstrap, self.target_params = sorted(widths), max_steps, bootstrap, target_params
+        self.seed_std = seed_std
         self.runs: list[SubRun] = []
         self.fit: PowerLawFit | None = None
 
@@ -124,7 +69,7 @@ class Scaling(Stage):
             )
             return result
         *fitted, held = self.runs
-        self.fit = fit_power_law([r.num_params for r in fitted], [r.train_loss for r in fitted], self.bootstrap, int(ctx.cfg.seed))
+        self.fit = fit_power_law([r.num_params for r in fitted], [r.train_loss for r in fitted], self.bootstrap, int(ctx.cfg.seed), self.seed_std)
         low, high = self.fit.alpha_interval()
         trainer = ctx.cfg.trainer
         tokens = (self.max_steps or trainer.max_steps) * trainer.batch_size * trainer.grad_accum * ctx.cfg.data.seq_len

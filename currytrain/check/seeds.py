@@ -1,8 +1,9 @@
 """Stage seeds: the same config trained with k seeds at a small budget, to measure trial-to-trial noise.
 
 Reports the mean, std and 95% interval (Student t) of the final val loss, and the smallest difference
-between two configs that k seeds each can detect (two-sided 5% test, 80% power: delta = (z_0.975 + z_0.8)
-* std * sqrt(2/k), the inverse of `currytrain compare`'s seeds-needed rule). The seed runs are run folders
+between two configs that k seeds each can detect (two-sided t-test at alpha 0.05, 80% power, unpaired: exact,
+from the noncentral t; currytrain.stats.detectable_effect, the inverse of `currytrain compare`'s seeds-needed
+advice). Paired seeds detect less: the spread both configs share cancels. The seed runs are run folders
 under <run>/seeds/, so `currytrain compare <run>/seeds` reads them. Gate: every seed finishes (a seed that
 diverges means the config is unstable at this lr); a noise above `max_std` warns.
 """
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
 from currytrain.check.subruns import SubRun, budget_overrides, run_seeds
 from currytrain.components import Components
-from currytrain.report.compare import Z_80, Z_95
+from currytrain.stats import detectable_effect
 
 
 @dataclass
@@ -40,9 +41,8 @@ class SeedStats:
         return float(stats.t.ppf(0.975, k - 1)) * self.std / math.sqrt(k) if k >= 2 else math.nan
 
     def detectable(self, k: int | None = None) -> float:
-        """Smallest difference of means k seeds per config detect (5% two-sided, 80% power)."""
-        k = k or len(self.values)
-        return (Z_95 + Z_80) * self.std * math.sqrt(2 / k)
+        """Smallest difference of means k seeds per config detect (t-test, alpha 0.05, 80% power, unpaired)."""
+        return detectable_effect(self.std, k or len(self.values))
 
 
 def seeds_finding(runs: list[SubRun], max_std: float) -> Finding:
@@ -61,7 +61,7 @@ def seeds_finding(runs: list[SubRun], max_std: float) -> Finding:
         )
     observed = (
         f"final val loss {done.mean:.4f} ± {done.half_width:.4f} (95% CI), std {done.std:.4f} over {len(runs)} seeds; "
-        f"smallest detectable difference with {len(runs)} seeds: {done.detectable():.4f} nats"
+        f"smallest detectable difference with {len(runs)} seeds: {done.detectable():.4f} nats (unpaired t, alpha 0.05, 80% power)"
     )
     if done.std > max_std:
         return Finding(

@@ -1,34 +1,49 @@
-"""`currytrain compare`: runs grouped by what they compute (seeds of one config form a group), their
-config differences, final metrics, overlaid curves, and a verdict that accounts for seed noise.
+"""`currytrain compare`: runs grouped by what they compute, what differs between the groups, final metrics,
+overlaid curves, and one verdict per group against a baseline, decided by currytrain.stats.
 
-Each argument is a run folder or a folder of runs (a multirun or a sweep). With several arguments, runs
-from different arguments are never pooled. The verdict compares every group with the first one on the
-final val loss: the difference of means with a Welch 95% interval; "within seed noise" when the interval
-holds 0. A group with a single seed has no noise estimate, so no verdict is given; instead the report
-says how many seeds per config the measured noise would need (80% power, two-sided 5% test).
+Each argument is a run folder or a folder of runs (a multirun or a sweep); any mix is read as one pool. Runs
+whose resolved configs agree once the seed and the keys that do not change the experiment (output, logging,
+progress, the launching sweep: runs.IRRELEVANT_PREFIXES) are set aside are seeds of one group. Each group is
+compared with the baseline (the first group, or `baseline=`) on the final value of `metric`: paired by seed
+(paired t, or Wilcoxon) when the two share at least two seeds, Welch's t otherwise, Holm-corrected over the
+groups. A group with a single seed gets no verdict, only how many seeds the measured noise would need.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from currytrain.errors import ConfigError
 from currytrain.report.runs import Run, find_runs
+from currytrain.stats import DIRECTIONS, TESTS, Verdict, bootstrap_interval, decide_many, no_verdict
 
-Z_95, Z_80 = 1.959964, 0.841621
-"""Normal quantiles: two-sided 5% test, 80% power."""
+OUT = "compare"
+"""The folder, beside the runs read, that report.md and curves.png go to unless --out says otherwise."""
 
 
 @dataclass
 class Group:
     name: str
     runs: list[Run]
+    metric: str = "val_loss"
+
+    @property
+    def by_seed(self) -> dict[int | None, float]:
+        """The final metric per seed (the mean over runs of one seed), finished runs only."""
+        values: dict[int | None, list[float]] = {}
+        for run in self.runs:
+            value = run.final(self.metric)
+            if value is not None and math.isfinite(value):
+                values.setdefault(run.seed, []).append(value)
+        return {seed: statistics.fmean(v) for seed, v in values.items()}
 
     @property
     def values(self) -> list[float]:
-        return [run.final_val_loss for run in self.runs if math.isfinite(run.final_val_loss)]
+        return list(self.by_seed.values())
 
     @property
     def mean(self) -> float:
@@ -40,101 +55,170 @@ class Group:
 
 
 @dataclass
-class Verdict:
-    group: str
-    baseline: str
-    difference: float
-    """mean(group) - mean(baseline): negative is a lower (better) loss."""
-    half_width: float
-    """Half the 95% interval of the difference; nan without seeds to estimate it."""
-    text: str
+class Comparison:
+    groups: list[Group]
+    baseline: Group
+    verdicts: list[Verdict]
+    notes: list[str]
+    """Groups without a verdict (a single seed), and why."""
+    differs: dict[str, list[str]]
+    """Config keys whose value differs between groups: {key: the value in each group, in group order}."""
+    metric: str
+    direction: str
+    alpha: float
+    report: Path | None = None
+    lines: list[str] = field(default_factory=list)
+    """Every verdict and note as one line, in group order."""
 
 
-def group_runs(arguments: dict[str, list[Run]]) -> list[Group]:
-    """Seeds of one config form a group; runs from different arguments are never pooled. A group is named
-    by its config's difference from the first group's (and by its argument when there are several)."""
-    groups: dict[tuple, list[Run]] = {}
-    for location, runs in arguments.items():
-        for run in runs:
-            groups.setdefault((location, run.experiment_key()), []).append(run)
-    reference = next(iter(groups.values()))[0]
-    named = []
-    for (location, _), runs in groups.items():
-        label = " ".join(f"{key}={value}" for key, value in _config_diff(reference, runs[0]).items())
-        if len(arguments) > 1:
-            label = f"{Path(location).name}" + (f" ({label})" if label else "")
-        named.append(Group(label or "baseline", runs))
-    return named
+def load(locations: list[str]) -> list[Run]:
+    """Every run below every location; all bad locations reported at once."""
+    runs, problems = [], []
+    for location in locations:
+        try:
+            runs += find_runs(location)
+        except ConfigError as error:
+            problems.append(str(error))
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return runs
 
 
-def _config_diff(reference: Run, other: Run) -> dict[str, object]:
-    keys = dict(reference.experiment_key()), dict(other.experiment_key())
-    return {k: keys[1].get(k) for k in sorted(set(keys[0]) | set(keys[1])) if keys[0].get(k) != keys[1].get(k)}
+def group_runs(runs: list[Run], metric: str = "val_loss") -> tuple[list[Group], dict[str, list[str]]]:
+    """Seeds of one config form a group, in order of first appearance; each is named by its values of the keys
+    that differ between groups."""
+    keyed: dict[tuple, list[Run]] = {}
+    for run in runs:
+        keyed.setdefault(run.experiment_key(), []).append(run)
+    configs = [dict(key) for key in keyed]
+    keys = sorted({k for config in configs for k in config})
+    differs = {k: [config.get(k, "(unset)") for config in configs] for k in keys if len({config.get(k, "(unset)") for config in configs}) > 1}
+    groups = []
+    for index, members in enumerate(keyed.values()):
+        label = " ".join(f"{k}={values[index]}" for k, values in differs.items())
+        groups.append(Group(label or "runs", members, metric))
+    return groups, differs
 
 
-def welch(a: list[float], b: list[float]) -> tuple[float, float]:
-    """(mean(b) - mean(a), half-width of its Welch 95% interval)."""
-    from scipy import stats
-
-    var_a, var_b = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    spread = math.sqrt(var_a + var_b)
-    if spread == 0:
-        return statistics.fmean(b) - statistics.fmean(a), 0.0
-    dof = (var_a + var_b) ** 2 / (var_a**2 / (len(a) - 1) + var_b**2 / (len(b) - 1))
-    return statistics.fmean(b) - statistics.fmean(a), float(stats.t.ppf(0.975, dof)) * spread
-
-
-def seeds_needed(noise: float, effect: float) -> int:
-    """Seeds per config for a two-sided 5% test to detect `effect` with 80% power, at seed std `noise`."""
-    if not effect:
-        return math.inf
-    return max(2, math.ceil(2 * (Z_95 + Z_80) ** 2 * noise**2 / effect**2))
+def check_metric(groups: list[Group], metric: str) -> None:
+    """Every finished run must hold the metric: runs that log different metrics are not comparable on it."""
+    finished = [run for group in groups for run in group.runs if run.ending == "finish"]
+    if not finished:
+        raise ConfigError("no run finished (no finish record in any journal): compare needs finished runs")
+    lacking = [run for run in finished if run.final(metric) is None]
+    if lacking:
+        common = sorted(set.intersection(*(run.metric_names() for run in finished)))
+        names = ", ".join(str(run.path) for run in lacking[:5]) + (f" and {len(lacking) - 5} more" if len(lacking) > 5 else "")
+        raise ConfigError(f"--metric {metric}: {len(lacking)} of {len(finished)} finished runs never recorded it ({names}); pass --metric one of {common}")
 
 
-def verdicts(groups: list[Group]) -> list[Verdict]:
-    baseline, results = groups[0], []
+def pick_baseline(groups: list[Group], name: str | None) -> Group:
+    if name is None:
+        return groups[0]
+    found = [g for g in groups if g.name == name or any(Path(name).expanduser().resolve() == run.path.resolve() for run in g.runs)]
+    if not found:
+        raise ConfigError(f"--baseline {name} matches no group: pass one of {[g.name for g in groups]} (or a run folder of one)")
+    return found[0]
+
+
+def judge(groups: list[Group], baseline: Group, direction: str, alpha: float, delta: float | None, test: str) -> tuple[list[Verdict], list[str], list[str]]:
+    """Verdicts (paired by seed where two groups share >= 2 seeds), notes for single-seed groups, and both as
+    lines in group order."""
     noises = [g.std for g in groups if len(g.values) >= 2]
     noise = statistics.fmean(noises) if noises else math.nan
-    for group in groups[1:]:
-        difference = group.mean - baseline.mean
-        if len(group.values) < 2 or len(baseline.values) < 2:
-            if math.isfinite(noise):
-                need = seeds_needed(noise, difference)
-                advice = f"the seed noise measured here (std {noise:.4f}) needs {need} seeds per config to tell a difference of {abs(difference):.4f}"
-            else:
-                advice = "no group has two seeds, so the seed noise is unknown: run at least 3 seeds per config (python launch.py -m seed=0,1,2 ...)"
-            results.append(Verdict(group.name, baseline.name, difference, math.nan, f"no verdict from single seeds: {advice}"))
+    tested, base_values, notes = {}, {}, {}
+    for group in groups:
+        if group is baseline:
             continue
-        difference, half = welch(baseline.values, group.values)
-        if abs(difference) > half:
-            word = "better" if difference < 0 else "worse"
-            text = f"{group.name} is {word} than {baseline.name} by {abs(difference):.4f} ± {half:.4f} nats (95%, Welch)"
+        shared = sorted(set(group.by_seed) & set(baseline.by_seed) - {None}, key=int)
+        if len(shared) >= 2:
+            tested[group.name] = ([group.by_seed[s] for s in shared], True)
+            base_values[group.name] = [baseline.by_seed[s] for s in shared]
+        elif len(group.values) >= 2 and len(baseline.values) >= 2:
+            tested[group.name] = (group.values, False)
+            base_values[group.name] = baseline.values
         else:
-            text = f"within seed noise: {difference:+.4f} ± {half:.4f} nats (95%, Welch) holds 0"
-        results.append(Verdict(group.name, baseline.name, difference, half, text))
-    return results
+            counts = {baseline.name: len(baseline.values), group.name: len(group.values)}
+            notes[group.name] = no_verdict(group.name, baseline.name, counts, noise, group.mean - baseline.mean, alpha)
+    found = decide_many(base_values, tested, alpha=alpha, direction=direction, delta=delta, test=test, baseline_name=baseline.name)
+    texts = {verdict.candidate: verdict.text for verdict in found} | notes
+    return found, list(notes.values()), [texts[g.name] for g in groups if g.name in texts]
 
 
-def compare(locations: list[str], out: Path) -> tuple[list[Group], list[Verdict], Path]:
-    """Group, compare and write report.md (+ curves.png) into `out`; returns what it found."""
-    groups = group_runs({location: find_runs(location) for location in locations})
-    found = verdicts(groups)
+def default_out(runs: list[Run]) -> Path:
+    """compare/ in the runs' common parent: beside them, never in the current directory."""
+    return Path(os.path.commonpath([str(run.path.resolve().parent) for run in runs])) / OUT
+
+
+def compare(
+    locations: list[str],
+    out: Path | None = None,
+    metric: str = "val_loss",
+    direction: str = "minimize",
+    baseline: str | None = None,
+    alpha: float = 0.05,
+    delta: float | None = None,
+    test: str = "t",
+) -> Comparison:
+    """Group, judge and write report.md (+ curves.png) into `out` (default: beside the runs). Every input
+    problem raises ConfigError before anything is written."""
+    problems = []
+    if direction not in DIRECTIONS:
+        problems.append(f"--direction {direction}: choose one of {list(DIRECTIONS)}")
+    if not 0 < alpha < 0.5:
+        problems.append(f"--alpha {alpha}: choose a level in (0, 0.5): 0.05 by default, 0.01 for a claim worth a headline")
+    if delta is not None and not delta > 0:
+        problems.append(f"--delta {delta}: the equivalence margin must be > 0 (in the metric's unit)")
+    if test not in TESTS:
+        problems.append(f"--test {test}: choose one of {list(TESTS)}")
+    if problems:
+        raise ConfigError("\n".join(problems))
+    runs = load(locations)
+    groups, differs = group_runs(runs, metric)
+    check_metric(groups, metric)
+    chosen = pick_baseline(groups, baseline)
+    found, notes, lines = judge(groups, chosen, direction, alpha, delta, test)
+    result = Comparison(groups, chosen, found, notes, differs, metric, direction, alpha, lines=lines)
+    out = Path(out) if out is not None else default_out(runs)
     out.mkdir(parents=True, exist_ok=True)
     figure = _plot(groups, out / "curves.png")
-    (out / "report.md").write_text(_report(groups, found, figure))
-    return groups, found, out / "report.md"
+    result.report = out / "report.md"
+    result.report.write_text(_report(result, figure))
+    return result
 
 
-def _report(groups: list[Group], found: list[Verdict], figure: Path | None) -> str:
-    lines = ["# Comparison", "", "| group | runs | final val loss (mean ± std) | endings |", "|---|---|---|---|"]
-    for group in groups:
+def summary(group: Group) -> str:
+    """'mean ± std [bootstrap 95% interval]' of the group's final metric."""
+    values = group.values
+    if not values:
+        return "no finished run"
+    if len(values) < 2:
+        return f"{group.mean:.4f}"
+    low, high = bootstrap_interval(values)
+    return f"{group.mean:.4f} ± {group.std:.4f} [{low:.4f}, {high:.4f}]"
+
+
+def _report(result: Comparison, figure: Path | None) -> str:
+    lines = [
+        "# Comparison",
+        "",
+        f"Final `{result.metric}` ({result.direction}), baseline `{result.baseline.name}`, alpha {result.alpha:g}. "
+        "Groups sharing >= 2 seeds are paired by seed; others get Welch's t; p-values are Holm-corrected over the groups. "
+        "See docs/compare.md.",
+        "",
+        f"| group | seeds | runs | {result.metric}: mean ± std [bootstrap 95%] | endings |",
+        "|---|---:|---:|---|---|",
+    ]
+    for group in result.groups:
         endings = ", ".join(sorted({run.ending for run in group.runs}))
-        std = f" ± {group.std:.4f}" if math.isfinite(group.std) else ""
-        lines.append(f"| {group.name} | {len(group.runs)} | {group.mean:.4f}{std} | {endings} |")
-    lines += ["", "## Verdicts", ""] + [f"- {verdict.text}" for verdict in found] + [""]
+        lines.append(f"| {group.name} | {len(group.values)} | {len(group.runs)} | {summary(group)} | {endings} |")
+    if result.differs:
+        lines += ["", "## What differs", "", "| key | " + " | ".join(f"group {i + 1}" for i in range(len(result.groups))) + " |"]
+        lines += ["|---" * (len(result.groups) + 1) + "|"] + [f"| {key} | " + " | ".join(values) + " |" for key, values in result.differs.items()]
+    lines += ["", "## Verdicts", ""] + [f"- {line}" for line in result.lines or ["one group only: nothing to compare"]] + [""]
     if figure:
         lines += ["## Curves", "", f"![train loss and gradient norm]({figure.name})", ""]
-    lines += ["## Runs", ""] + [f"- {group.name}: " + ", ".join(str(run.path) for run in group.runs) for group in groups]
+    lines += ["## Runs", ""] + [f"- {group.name}: " + ", ".join(str(run.path) for run in group.runs) for group in result.groups]
     return "\n".join(lines) + "\n"
 
 

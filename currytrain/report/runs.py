@@ -16,8 +16,21 @@ from currytrain.weights import RESOLVED
 JOURNAL = "journal.jsonl"
 SEED_KEYS = ("seed", "data.seed")
 """Config keys that differ between seeds of one experiment (data.seed follows seed)."""
-IRRELEVANT_PREFIXES = ("logger.", "trainer.resume", "trainer.progress", "trainer.init_from", "build.")
-"""Config keys that do not change what a run computes."""
+IRRELEVANT_PREFIXES = (
+    "logger.",
+    "trainer.resume",
+    "trainer.progress",
+    "trainer.init_from",
+    "trainer.log_every",
+    "trainer.checkpoint_every",
+    "trainer.checkpoint_on_signal",
+    "trainer.keep_last",
+    "build.",
+    "cost.",
+    "sweep.",
+)
+"""Config keys that do not change what a run computes: output, logging, progress, checkpoint cadence, pricing,
+and the sweep that launched it (a sweep's trial and the same config run alone are one experiment)."""
 
 
 @dataclass
@@ -41,6 +54,25 @@ class Run:
             if record.get("type") in ("finish", "config_error", "abort", "pruned", "failure"):
                 return record["type"]
         return "unfinished"
+
+    @property
+    def seed(self) -> int | None:
+        """The run's seed: its resolved config's, else its journal header's."""
+        header = self.last("header") or {}
+        seed = self.config.get("seed", header.get("seed"))
+        return int(seed) if seed is not None else None
+
+    def final(self, metric: str) -> float | None:
+        """The last value of `metric` in a finished run (its finish record's, else its last event's that holds
+        it); None when the run did not finish or never recorded it."""
+        if self.ending != "finish":
+            return None
+        value = next((r[metric] for r in reversed(self.events) if metric in r), None)
+        return float(value) if value is not None else None
+
+    def metric_names(self) -> set[str]:
+        """The numeric fields its events hold (val_loss, train/loss, ...)."""
+        return {k for r in self.events for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "time")}
 
     @property
     def final_val_loss(self) -> float:

@@ -1,10 +1,12 @@
 """What a sweep leaves in its folder: optimization_results.yaml (as hydra-optuna-sweeper writes it), report.md
-(trials table, best trial, parameter importances) and optimization_history.png."""
+(trials table, best trial and whether it is distinguishable from the runner-up, parameter importances) and
+optimization_history.png."""
 
 from __future__ import annotations
 
 import logging
 import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -111,6 +113,44 @@ def plot_history(study: Any, objectives: Sequence[str], path: Path) -> bool:
     return True
 
 
+SEED_PARAMS = ("seed", "data.seed")
+
+
+def _config_of(trial: Any) -> tuple:
+    return tuple(sorted((k, str(v)) for k, v in trial.params.items() if k not in SEED_PARAMS))
+
+
+def best_vs_runner_up(study: Any, objective: str) -> str:
+    """Whether the best config is distinguishable from the runner-up (currytrain.stats): trials of one config
+    with several seeds are its samples; a config seen with one seed only cannot be told from seed noise."""
+    from currytrain.stats import decide
+
+    complete = [t for t in _complete(study) if t.values and math.isfinite(t.values[0])]
+    configs: dict[tuple, dict[Any, float]] = {}
+    for trial in complete:
+        configs.setdefault(_config_of(trial), {})[trial.params.get("seed", trial.number)] = trial.values[0]
+    maximize = study.directions[0].name == "MAXIMIZE"
+    ranked = sorted(configs.items(), key=lambda item: statistics.fmean(item[1].values()), reverse=maximize)
+    if len(ranked) < 2:
+        return "One config only: no runner-up to compare with."
+    (best, best_runs), (second, second_runs) = ranked[:2]
+    names = [" ".join(f"{k}={v}" for k, v in config) or "the config" for config in (second, best)]
+    if min(len(best_runs), len(second_runs)) < 2:
+        gap = abs(statistics.fmean(best_runs.values()) - statistics.fmean(second_runs.values()))
+        return (
+            f"Best ({names[1]}) vs runner-up ({names[0]}): {objective} gap {gap:.4f}, not distinguishable yet: "
+            f"{len(best_runs)} and {len(second_runs)} seed(s), so the gap cannot be told from seed noise. Rerun both "
+            "with seeds (python launch.py -m seed=0,1,2 <params>) and `currytrain compare` the folders, or measure the noise with check=seeds."
+        )
+    shared = sorted(set(best_runs) & set(second_runs), key=str)
+    paired = len(shared) >= 2
+    baseline, candidate = (
+        ([second_runs[s] for s in shared], [best_runs[s] for s in shared]) if paired else (list(second_runs.values()), list(best_runs.values()))
+    )
+    verdict = decide(baseline, candidate, paired=paired, direction="maximize" if maximize else "minimize", names=(names[0], names[1]))
+    return f"Best vs runner-up on {objective}: {verdict.text}."
+
+
 def report_lines(study: Any, objectives: Sequence[str], summary: dict[str, Any], drew: bool) -> list[str]:
     lines = [f"# Sweep report: study {study.study_name}", "", f"Trials by state: {summary['trials']}", ""]
     if "best_value" in summary:
@@ -121,6 +161,7 @@ def report_lines(study: Any, objectives: Sequence[str], summary: dict[str, Any],
             "",
         ]
         lines += [f"- `{k}={_param_text(v)}`" for k, v in summary["best_params"].items()] + [""]
+        lines += [best_vs_runner_up(study, objectives[0]), ""]
     elif "solutions" in summary:
         lines += ["## Pareto front", ""] + [f"- trial {s['trial']}: {s['values']} {s['params']}" for s in summary["solutions"]] + [""]
     found = importances(study)
