@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: train test lint setup clean reliability
+.PHONY: train test test-fast lint setup clean reliability
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ train: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(ARGS)
+
+# The inner loop (docs/testing.md): no slow test and no test that starts a Python process.
+test-fast: $(STAMP)
+	CURRYTRAIN_TEST_TIER=fast $(PY) -m pytest -m "not slow" $(ARGS)
 
 # docs/reliability.md, written by the tests it lists (tests/reliability/table.py)
 reliability: $(STAMP)

@@ -109,3 +109,35 @@ def one_thread():
 @pytest.fixture
 def run_launch():
     return launch
+
+
+# ------------------------------------------------------------------------------------------ the fast tier
+
+FAST_TIER = os.environ.get("CURRYTRAIN_TEST_TIER") == "fast"
+"""`make test-fast`: the tests that start no Python process (no subprocess of launch.py or the CLI, no workers).
+A test that tries is skipped there, so the tier needs no hand-kept list; `make test` runs everything."""
+
+
+def _starts_python(args) -> bool:
+    program = Path(str(args[0] if isinstance(args, list | tuple) else str(args).split()[0]))
+    return program.name.startswith("python") or program.parent == Path(sys.executable).parent
+
+
+def pytest_configure(config):
+    """In the fast tier, starting a Python process (a subprocess or a worker) skips the test that tries."""
+    if not FAST_TIER:
+        return
+    import multiprocessing.process
+
+    popen_init = subprocess.Popen.__init__
+
+    def popen(self, args, *rest, **kwargs):
+        if _starts_python(args):
+            pytest.skip("starts a Python process: make test runs it")
+        popen_init(self, args, *rest, **kwargs)
+
+    def start(self):
+        pytest.skip("starts worker processes: make test runs it")
+
+    subprocess.Popen.__init__ = popen
+    multiprocessing.process.BaseProcess.start = start

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import launch
+from conftest import launch, launch_subprocess
 from currytrain.journal import read_journal, timeline
 from currytrain.report.runs import load_run
 from currytrain.weights import MARKER, checkpoint_problem
@@ -61,7 +61,8 @@ def kill_chain(run_dir: Path, points: list[tuple[int, str]], *overrides: str) ->
     """Run, kill at the first point, resume=auto, kill at the next, ..., then resume to the end."""
     for number, (at, where) in enumerate(points):
         resume = [] if number == 0 else ["trainer.resume=auto"]
-        result = launch(*RUN, *overrides, *resume, killer(at, where), f"hydra.run.dir={run_dir}")
+        # The kill is the behaviour under test: each killed run has a process of its own, never the test's.
+        result = launch_subprocess(*RUN, *overrides, *resume, killer(at, where), f"hydra.run.dir={run_dir}")
         # One process dies of the signal; a launcher of workers reports the killed rank and exits 1.
         assert result.returncode == (1 if overrides else -signal.SIGKILL), (at, where, result.stderr[-3000:])
         if where == "checkpoint":
