@@ -40,6 +40,8 @@ def official_plugin_installed() -> bool:
 class CurryTrainSweeperConf:
     """hydra.sweeper: every key left null is taken from the `sweep` node (currytrain/sweep/config.py)."""
 
+    defaults: list[Any] = field(default_factory=lambda: ["_self_", {"sampler": None}, {"pruner": None}])
+    """hydra/sweeper/sampler=<name> and hydra/sweeper/pruner=<name> fill sampler and pruner (none chosen by default)."""
     _target_: str = "hydra_plugins.currytrain_sweeper.sweeper.CurryTrainSweeper"
     _recursive_: bool = False
     """Hydra must not build the sampler and pruner nodes: the sweeper checks and builds them (allow-list)."""
@@ -77,7 +79,7 @@ class CurryTrainSweeperConf:
 class OptunaCompatConf(CurryTrainSweeperConf):
     """hydra/sweeper=optuna: hydra-optuna-sweeper 1.3's defaults (TPE, minimize, 20 trials, 2 jobs, max_failure_rate 0)."""
 
-    defaults: list[Any] = field(default_factory=lambda: ["_self_", {"sampler": "tpe"}])  # the sampler option fills sampler: null
+    defaults: list[Any] = field(default_factory=lambda: ["_self_", {"sampler": "tpe"}, {"pruner": None}])
     direction: Any = "minimize"
     n_trials: Any = 20
     n_jobs: Any = 2
