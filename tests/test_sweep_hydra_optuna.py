@@ -165,7 +165,13 @@ def quadratic_of_config(x: float, y: int, n: int) -> float:
 
 def test_the_grid_sampler_walks_the_grid_once(hydra_sweep_runner, tmp_path):
     swept = sweep_app(
-        hydra_sweep_runner, tmp_path, "hydra/sweeper/sampler=grid", "hydra.sweeper.params=null", "n=range(1, 4)", "op=choice(add, mul)", "hydra.sweeper.n_trials=20"
+        hydra_sweep_runner,
+        tmp_path,
+        "hydra/sweeper/sampler=grid",
+        "hydra.sweeper.params=null",
+        "n=range(1, 4)",
+        "op=choice(add, mul)",
+        "hydra.sweeper.n_trials=20",
     )
     points = sorted((t.params["n"], t.params["op"]) for t in swept.trials)
     assert points == [(n, op) for n in (1, 2, 3) for op in ("add", "mul")]  # 6 of n_trials=20; range stops before 4
