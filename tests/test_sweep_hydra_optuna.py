@@ -270,3 +270,9 @@ def test_a_plain_app_resumes_its_study_and_gets_the_report(hydra_sweep_runner, t
     assert [t.number for t in again.trials[:4]] == [0, 1, 2, 3] and sorted(again.jobs) == [4, 5]
     assert again.report.count("| COMPLETE |") == 6 and "| trial | state | value |" in again.report
     assert again.results["best_value"] == pytest.approx(min(t.value for t in again.trials))
+
+
+def test_a_config_naming_the_official_class_path_gets_this_sweeper(hydra_sweep_runner, tmp_path):
+    """lightning-hydra-template's configs write hydra-optuna-sweeper's `_target_` (not installed here)."""
+    swept = sweep_app(hydra_sweep_runner, tmp_path, "hydra.sweeper._target_=hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper")
+    assert len(swept.trials) == 8 and swept.results["trials"] == {"COMPLETE": 8}  # curryTrain's results file

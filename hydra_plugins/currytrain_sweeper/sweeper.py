@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from hydra.core.plugins import Plugins
@@ -11,7 +12,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
-from hydra_plugins.currytrain_sweeper.config import OFFICIAL_MODULE, official_plugin_installed
+from hydra_plugins.currytrain_sweeper.config import OFFICIAL_MODULE, OFFICIAL_PACKAGE, official_plugin_installed
 
 OPTUNA_MIN_MAJOR = 4
 
@@ -77,13 +78,24 @@ def check_optuna() -> None:
         )
 
 
-if not official_plugin_installed():
-    # Configs written for hydra-optuna-sweeper name its class (`_target_: hydra_plugins.hydra_optuna_sweeper.
-    # optuna_sweeper.OptunaSweeper`, as lightning-hydra-template's do). While that plugin is absent they get this
-    # sweeper: Hydra looks plugin classes up by the module and name they carry, so this one carries that
-    # plugin's. Nothing is installed under its path, and with the plugin installed this class does not exist.
-    OptunaSweeper = type(
+def _offer_official_class_path() -> type[CurryTrainSweeper]:
+    """This sweeper under hydra-optuna-sweeper's class path, for configs that name it (`_target_: hydra_plugins.
+    hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper`, as lightning-hydra-template's do), while that plugin is
+    not installed. Hydra registers plugin classes by the module and name they carry and finds a `_target_` by
+    attribute lookup from the `hydra_plugins` package, so the class carries that plugin's module name and the
+    package gets an in-memory attribute chain to it. Nothing is written under that plugin's folder, nothing is
+    put in sys.modules (a Python import of its path still fails), and none of this happens with it installed."""
+    klass = type(
         "OptunaSweeper",
         (CurryTrainSweeper,),
-        {"__module__": OFFICIAL_MODULE, "__doc__": "curryTrain's sweeper under hydra-optuna-sweeper's class name (that plugin is not installed)."},
+        {"__module__": OFFICIAL_MODULE, "__doc__": "curryTrain's sweeper under hydra-optuna-sweeper's class path (that plugin is not installed)."},
     )
+    package, module = ModuleType(OFFICIAL_PACKAGE), ModuleType(OFFICIAL_MODULE)
+    module.OptunaSweeper = klass
+    package.optuna_sweeper = module
+    setattr(sys.modules["hydra_plugins"], OFFICIAL_PACKAGE.rpartition(".")[2], package)
+    return klass
+
+
+if not official_plugin_installed():
+    OptunaSweeper = _offer_official_class_path()
