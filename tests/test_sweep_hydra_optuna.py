@@ -276,3 +276,10 @@ def test_a_config_naming_the_official_class_path_gets_this_sweeper(hydra_sweep_r
     """lightning-hydra-template's configs write hydra-optuna-sweeper's `_target_` (not installed here)."""
     swept = sweep_app(hydra_sweep_runner, tmp_path, "hydra.sweeper._target_=hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper")
     assert len(swept.trials) == 8 and swept.results["trials"] == {"COMPLETE": 8}  # curryTrain's results file
+
+
+def test_a_curry_train_run_calls_no_custom_search_space_outside_the_allow_list(compose_cfg):
+    cfg = compose_cfg("sweep=tpe")
+    settings, paths, problems = merge_settings(cfg, {"custom_search_space": "os.system"})
+    with pytest.raises(ConfigError, match=r"hydra.sweeper.custom_search_space=os.system is outside the allowed modules"):
+        check(settings, paths, [], cfg, problems)

@@ -159,8 +159,22 @@ def search_space(settings: Mapping[str, Any], arguments: Sequence[str], config: 
             problems.append(problem)
     if settings.get("custom_search_space"):
         space.custom = str(settings["custom_search_space"])
-        problems += [problem for problem in [custom_space(settings["custom_search_space"], paths["custom_search_space"])[1]] if problem]
+        problems += _custom_space_problems(settings, paths["custom_search_space"], config)
     return space, problems
+
+
+def _custom_space_problems(settings: Mapping[str, Any], where: str, config: DictConfig) -> list[str]:
+    """A plain app's function may live anywhere it can import (as with hydra-optuna-sweeper); a curryTrain
+    run's config calls nothing outside build()'s allow-list (currytrain, experiments/, build.allow)."""
+    from currytrain.build import target_problem
+
+    path = settings["custom_search_space"]
+    if not settings.get("plain_task") and isinstance(path, str) and path:
+        allowed = OmegaConf.select(config, "build.allow", default=None) or []
+        if problem := target_problem(path, extra=[str(module) for module in allowed]):
+            return [f"{where}={problem}"]
+    _, problem = custom_space(path, where)
+    return [problem] if problem else []
 
 
 def check(settings: dict[str, Any], paths: dict[str, str], arguments: Sequence[str], config: DictConfig, merge_problems: list[str]) -> SearchSpace:
