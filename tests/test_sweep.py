@@ -15,6 +15,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from hydra.core.config_store import ConfigStore
 from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
 from hydra.test_utils.test_utils import TSweepRunner
@@ -34,9 +35,13 @@ def _study(sweep_dir: Path, name: str) -> optuna.Study:
 
 
 def test_hydra_discovers_the_sweeper_and_its_hydra_optuna_sweeper_name():
+    """Here hydra-optuna-sweeper is not installed, so its class path and `optuna` name are curryTrain's; no file
+    of curryTrain lies under that plugin's folder (tests/test_sweep_coexist.py installs both side by side)."""
     names = {f"{c.__module__}.{c.__name__}" for c in Plugins.instance().discover(Sweeper)}
     assert "hydra_plugins.currytrain_sweeper.sweeper.CurryTrainSweeper" in names
     assert "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper" in names
+    assert not (ROOT / "hydra_plugins" / "hydra_optuna_sweeper").exists()
+    assert ConfigStore.instance().load("hydra/sweeper/optuna.yaml").provider == "currytrain"
 
 
 def test_search_space_follows_hydra_syntax_with_a_python_range():
@@ -242,7 +247,7 @@ def test_sweep_runner_with_a_hydra_optuna_sweeper_config(hydra_sweep_runner: TSw
     assert len(trials) == 8 and all(t.state == TrialState.COMPLETE for t in trials)
     assert all(t.params["n"] in (1, 2, 3) for t in trials)  # range(1, 4) never gives 4
     assert results.best_value == pytest.approx(min(t.value for t in trials))
-    assert set(results.best_params) == {"x", "n", "op"}
+    assert set(results.best_params) == {"x", "y", "n", "op"}
 
 
 def test_multi_objective_sweep_writes_its_pareto_front(hydra_sweep_runner: TSweepRunner, tmp_path):
@@ -258,7 +263,7 @@ def test_multi_objective_sweep_writes_its_pareto_front(hydra_sweep_runner: TSwee
     with sweep:
         results = OmegaConf.load(tmp_path / "optimization_results.yaml")
         trials = _study(tmp_path, "pareto").trials
-    assert len(trials) == 6 and all(len(t.values) == 2 for t in trials)
+    assert len(trials) == 6 and all(len(t.values) == 2 for t in trials)  # no objective names: the returned pair
     front = {(s["values"][0], s["values"][1]) for s in results.solutions}
     dominated = [t for t in trials if any(o.values[0] <= t.values[0] and o.values[1] >= t.values[1] and o.values != t.values for o in trials)]
     assert front and not front & {tuple(t.values) for t in dominated}
@@ -295,11 +300,12 @@ def test_hydra_optuna_sweeper_config_runs_unchanged_and_a_nan_trial_is_fail_not_
         "defaults:\n  - override /hydra/sweeper: optuna\n"
         "hydra:\n  mode: MULTIRUN\n  sweeper:\n"
         "    _target_: hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper\n"
-        "    storage: null\n    study_name: null\n    n_jobs: 1\n    direction: minimize\n    n_trials: 2\n    max_failure_rate: 0.5\n"
+        "    storage: null\n    study_name: null\n    n_jobs: 2\n    direction: minimize\n    n_trials: 2\n    max_failure_rate: 0.5\n"
         "    sampler:\n      _target_: optuna.samplers.GridSampler\n      seed: 1234\n"
         "    params:\n      model.init_std: choice(0.02, 1e38)\n"
     )
     sweep_dir = tmp_path / "sweep"
+    # One batch of 2 trials: one failed half is not above max_failure_rate=0.5, so the sweep ends normally.
     result = launch(f"--config-dir={tmp_path}", "+hparams_search=init_optuna", f"hydra.sweep.dir={sweep_dir}")
     assert result.returncode == 0, result.stderr[-3000:]
     trials = {t.params["model.init_std"]: t for t in _study(sweep_dir, "currytrain").trials}
