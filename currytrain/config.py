@@ -36,7 +36,7 @@ from currytrain.check.config import (
 from currytrain.conf import CONF_DIR
 from currytrain.cost.config import CostConfig
 from currytrain.data.config import DigitsConfig, ProbeConfig, StdlibBytesConfig, SyntheticConfig, TableConfig, TextConfig, TokensConfig
-from currytrain.logger.config import JsonlConfig, MLflowConfig, TensorBoardConfig, WandbConfig
+from currytrain.logger.config import AimConfig, JsonlConfig, MLflowConfig, TensorBoardConfig, WandbConfig
 from currytrain.model.config import GQAConfig, MLPConfig, MoEConfig, SpikingConfig
 from currytrain.optim.config import AdamWConfig, SGDConfig
 from currytrain.parallel.config import ParallelConfig
@@ -57,7 +57,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
     },
     "parallel": {name: ParallelConfig for name in ("single", "ddp", "zero1", "zero2", "fsdp", "hsdp", "tp", "ep", "cp", "pp", "hybrid")},
     "optimizer": {"adamw": AdamWConfig, "sgd": SGDConfig},
-    "logger": {"tensorboard": TensorBoardConfig, "jsonl": JsonlConfig, "mlflow": MLflowConfig, "wandb": WandbConfig},
+    "logger": {"tensorboard": TensorBoardConfig, "jsonl": JsonlConfig, "mlflow": MLflowConfig, "wandb": WandbConfig, "aim": AimConfig},
     "check": {
         "none": NoCheckConfig,
         "skeleton": SkeletonCheckConfig,

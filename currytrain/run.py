@@ -18,7 +18,9 @@ from omegaconf import DictConfig, OmegaConf
 from currytrain.diskio import storage_failure
 from currytrain.errors import Aborted, ConfigError, GateFailed, Interrupted, Pruned
 from currytrain.journal import Journal, config_diff
+from currytrain.logger.base import record_group
 from currytrain.parallel.dims import launched_world_size
+from currytrain.sweep.group import job_group
 from currytrain.validate import raise_on_problems, validate
 from currytrain.weights import RESOLVED
 
@@ -72,6 +74,7 @@ def run(cfg: DictConfig) -> float | None:
         workers.wait_for_record(run_dir)
         return run_worker(run_dir / RESOLVED)
     resolved_path = write_run_record(cfg, run_dir, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.cwd))
+    record_group(Journal(run_dir / "journal.jsonl"), job_group(hydra_cfg, run_dir))  # a sweep's trial: the trackers group it
     return start_workers(cfg, resolved_path)
 
 

@@ -12,8 +12,10 @@ from typing import Any
 from omegaconf import DictConfig
 
 from currytrain.check.stage import Stage, StageContext, StageResult, Status
+from currytrain.check.subruns import ladder_group
 from currytrain.errors import GateFailed
 from currytrain.journal import Journal
+from currytrain.logger.base import record_group
 from currytrain.parallel.state import ParallelState
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,7 @@ def run_ladder(cfg: DictConfig, state: ParallelState, run_dir: Path, journal: Jo
 
     allow_modules(cfg.build.allow)  # user stages live in experiments/ or a build.allow package
     ladder = build(cfg.check)
+    record_group(journal, ladder_group(run_dir))  # the trackers show the sub-runs under this run
     loggers = build_loggers(cfg.logger, run_dir, enabled=state.is_main)
     ctx = StageContext(cfg, state, Path(run_dir), journal, loggers, overrides=run_overrides(Path(run_dir)))
     try:

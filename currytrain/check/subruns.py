@@ -25,10 +25,12 @@ from currytrain.components import build_components
 from currytrain.conf import CONF_DIR
 from currytrain.errors import Aborted, ConfigError, RunFailed
 from currytrain.journal import Journal
+from currytrain.logger.base import RunGroup, group_name, read_group, record_group
 from currytrain.weights import RESOLVED
 
 SUB_RUN_DEFAULTS = ("trainer.progress=false", "trainer.resume=none", "trainer.checkpoint_every=0")
-"""What every sub-run sets besides check=none (no nested ladder) and logger=jsonl: it trains quietly, from scratch."""
+"""What every sub-run sets besides check=none (no nested ladder) and logger.jsonl (its metrics.jsonl, beside the
+ladder's other loggers): it trains quietly, from scratch."""
 
 
 @dataclass
@@ -60,7 +62,8 @@ def derive(cfg: DictConfig, overrides: list[str], replace: dict[str, Any] | None
 
     tree = OmegaConf.to_container(cfg, resolve=True)
     tree["check"] = {"_target_": None}
-    tree["logger"] = {"jsonl": {"_target_": "currytrain.logger.jsonl.JsonlLogger", "filename": "metrics.jsonl"}}
+    # The ladder's trackers (its sub-runs nest under its run there: RunGroup), and metrics.jsonl for compare.
+    tree["logger"] = {**(tree.get("logger") or {}), "jsonl": {"_target_": "currytrain.logger.jsonl.JsonlLogger", "filename": "metrics.jsonl"}}
     tree.update(replace or {})
     derived = OmegaConf.create(tree)
     for override in OverridesParser.create().parse_overrides([*SUB_RUN_DEFAULTS, *overrides]):
@@ -151,7 +154,7 @@ def train_subrun(
     base, values = arm_config(ctx, overrides)
     cfg = derive(base, values, replace)
     path = Path(ctx.run_dir) / stage / name
-    write_record(cfg, path, overrides, ctx.state.is_main, ctx.state.world_size)
+    write_record(cfg, path, overrides, ctx.state.is_main, ctx.state.world_size, group=subrun_group(ctx.run_dir, stage, name, overrides))
     started = time.perf_counter()
     journal = Journal(path / "journal.jsonl", enabled=ctx.state.is_main)
     trainer = None
@@ -182,14 +185,38 @@ def shared_data(ctx: StageContext, cfg: DictConfig):
     return ctx.datasets[key]
 
 
-def write_record(cfg: DictConfig, path: Path, overrides: list[str], enabled: bool, world_size: int = 1) -> None:
-    """resolved.yaml and the journal header, as a launched run has them."""
+def write_record(cfg: DictConfig, path: Path, overrides: list[str], enabled: bool, world_size: int = 1, group: RunGroup | None = None) -> None:
+    """resolved.yaml and the journal header, as a launched run has them, and the run's group (the trackers')."""
     if not enabled:
         return
     path.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, path / RESOLVED)
     diff = {override.partition("=")[0]: override.partition("=")[2] for override in overrides}
-    Journal(path / "journal.jsonl").header(seed=cfg.seed, world_size=world_size, overrides=list(overrides), diff=diff, cwd=Path.cwd())
+    journal = Journal(path / "journal.jsonl")
+    journal.header(seed=cfg.seed, world_size=world_size, overrides=list(overrides), diff=diff, cwd=Path.cwd())
+    record_group(journal, group)
+
+
+def ladder_group(run_dir: Path) -> RunGroup:
+    """The ladder's own run as the parent of its sub-runs' group (MLflow nests them under it; W&B and Aim
+    group them by its name). A ladder that is itself a sweep's trial keeps the sweep's group (record_group)."""
+    folder = Path(run_dir).resolve()
+    return RunGroup(kind="ladder", name=group_name(folder), folder=str(folder), stores=str(folder.parent), job_type="ladder", role="ladder")
+
+
+def subrun_group(run_dir: Path, stage: str, name: str, overrides: list[str]) -> RunGroup:
+    """A sub-run's place under its ladder: stage, role (its name in the stage) and its overrides as params.
+    It shares the ladder run's tracking stores, so that it can nest under that run."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    folder = Path(run_dir).resolve()
+    ladder = read_group(folder)
+    stores = ladder.stores if ladder is not None else str(folder.parent)
+    name_in_trackers = ladder.name if ladder is not None and ladder.is_parent else group_name(folder)
+    params = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(list(overrides)) if not o.is_delete()}
+    return RunGroup(
+        kind="ladder", name=name_in_trackers, folder=str(folder), stores=stores, member=f"{stage}/{name}", job_type=stage, stage=stage, role=name, params=params
+    )
 
 
 def tail_train_loss(path: Path, share: float = 0.1) -> float:

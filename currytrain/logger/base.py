@@ -1,15 +1,21 @@
-"""The logger protocol the trainer talks to, and a fan-out over several backends.
+"""The logger protocol the trainer talks to, a fan-out over several backends, and what they share.
 
 Every backend takes scalars, the resolved config and text; histograms go to the backends that can show
-them (TensorBoard, W&B) and the others ignore them. Only rank 0 builds loggers.
+them (TensorBoard, W&B, Aim) and the others ignore them. Only rank 0 builds loggers. A run that belongs to a
+group (a sweep's trial, a multirun's job, a ladder's sub-run) says so in its journal (RunGroup), which
+each backend reads to group, nest and tag it.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+from currytrain.errors import Aborted, Interrupted, Pruned
+from currytrain.journal import Journal
 
 
 @runtime_checkable
@@ -25,7 +31,8 @@ class Logger(Protocol):
     def log_histogram(self, name: str, values: Any, step: int) -> None: ...
 
     def close(self, status: str = "finished") -> None:
-        """status: finished, or failed when the run ended any other way."""
+        """status: finished, pruned (a sweep's pruner stopped it), aborted (an abort condition), interrupted
+        (a signal, after a checkpoint) or failed (anything else); see ending_status."""
         ...
 
 
@@ -70,14 +77,134 @@ class MultiLogger:
             logger.close(status)
 
 
-def journal_tags(run_dir: Path) -> dict[str, str]:
-    """The journal header's reproducibility facts (git SHA, dirty flag, seed, host, versions) as tags."""
-    journal = run_dir / "journal.jsonl"
+def journal_header(run_dir: str | Path) -> dict[str, Any]:
+    """The first record of the run's journal (its header), or {} when there is none yet."""
+    journal = Path(run_dir) / "journal.jsonl"
     if not journal.is_file():
         return {}
     with journal.open() as file:
-        header = json.loads(file.readline() or "{}")
+        return json.loads(file.readline() or "{}")
+
+
+def journal_tags(run_dir: Path) -> dict[str, str]:
+    """The journal header's reproducibility facts (git SHA, dirty flag, seed, host, versions) as tags."""
+    header = journal_header(run_dir)
     keys = ("seed", "git_sha", "git_dirty", "host", "world_size")
     tags = {f"currytrain.{key}": str(header.get(key)) for key in keys if key in header}
     tags.update({f"currytrain.version.{name}": str(version) for name, version in header.get("versions", {}).items()})
     return tags
+
+
+# ------------------------------------------------------------------ runs among others: sweeps, multiruns, ladders
+
+GROUP_EVENT = "group"
+"""The journal event, written right after the header, that says which group a run belongs to."""
+ENDINGS = ("finished", "pruned", "aborted", "interrupted", "failed")
+"""The statuses close() receives (ending_status maps a raised outcome to one)."""
+
+
+@dataclass(frozen=True)
+class RunGroup:
+    """Where a run stands among others: a trial of a sweep, a job of a multirun (`-m seed=1,2,3`), a sub-run of
+    a ladder, or the ladder run itself, the parent of its sub-runs. Whoever starts the run writes it to the
+    run's journal (record_group); each backend reads it (read_group) to group, nest and tag the run.
+
+    The group's parent in a tracker is the run whose folder is `folder`: the ladder's own run, or, for a sweep,
+    a run the first member creates (MLflow's parent run)."""
+
+    kind: str
+    """sweep (an Optuna study), multirun (Hydra's own sweeper), or ladder."""
+    name: str
+    """The group's name in the trackers: W&B's group, Aim's experiment, the MLflow parent run's name."""
+    folder: str
+    """The group's folder (the sweep's, the ladder run's), absolute: what identifies the parent."""
+    stores: str
+    """The folder beside which the group's default stores lie (mlflow.db, .aim), shared by all its members."""
+    member: str = ""
+    """This run in the group (the trial's number, the job's number, the sub-run's <stage>/<name>); empty for the
+    parent itself."""
+    job_type: str = ""
+    """W&B's job_type: trial, job, the ladder stage of a sub-run, ladder for the ladder's own run."""
+    stage: str = ""
+    """The ladder stage of a sub-run."""
+    role: str = ""
+    """What the member is: trial, job, or the sub-run's name in its stage (baseline_seed_0, dim_64, ...)."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """What sets this member apart, by override key: the sampled values, the swept overrides, the sub-run's
+    overrides. Values are numbers, strings, booleans or None."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """More facts for the trackers' tags (the study's name, ...)."""
+
+    @property
+    def is_parent(self) -> bool:
+        return not self.member
+
+    def run_name(self, run_dir: Path) -> str:
+        """A member's run name in the trackers: `<stage>/<name>` for a sub-run, the folder's name otherwise."""
+        return f"{self.stage}/{Path(run_dir).name}" if self.stage else Path(run_dir).name
+
+    def tag_items(self) -> dict[str, str]:
+        """The group as flat tags: currytrain.group, currytrain.group_kind, currytrain.trial (or .job,
+        .subrun), currytrain.stage, currytrain.role, and the group's own tags."""
+        member_key = {"sweep": "trial", "multirun": "job"}.get(self.kind, "subrun")
+        items = {"group": self.name, "group_kind": self.kind, member_key: self.member, "stage": self.stage, "role": self.role, **self.tags}
+        return {f"currytrain.{key}": str(value) for key, value in items.items() if value not in ("", None)}
+
+
+def record_group(journal: Journal, group: RunGroup | None) -> None:
+    """Write the run's group to its journal, after the header (a relaunch into the folder keeps the first)."""
+    if group is None or not journal.enabled or read_group(journal.path.parent) is not None:
+        return
+    journal.event(GROUP_EVENT, group=asdict(group))
+
+
+def read_group(run_dir: str | Path) -> RunGroup | None:
+    """The group the run's journal names (its first `group` event), or None for a run on its own."""
+    journal = Path(run_dir) / "journal.jsonl"
+    if not journal.is_file():
+        return None
+    with journal.open() as file:
+        for line in file:
+            if f'"{GROUP_EVENT}"' not in line:
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("type") == GROUP_EVENT and isinstance(record.get("group"), dict):
+                fields = record["group"]
+                return RunGroup(**{name: fields[name] for name in RunGroup.__dataclass_fields__ if name in fields})
+    return None
+
+
+def group_name(folder: Path, cwd: Path | None = None) -> str:
+    """A group's name in the trackers: its folder relative to where the command ran (runs/sweeps/tpe), or the
+    absolute folder outside it."""
+    try:
+        return str(Path(folder).relative_to((cwd or Path.cwd()).resolve()))
+    except ValueError:
+        return str(folder)
+
+
+def stores_dir(run_dir: str | Path, group: RunGroup | None = None) -> Path:
+    """Where a run's default tracking stores lie: its group's (so a sweep's or ladder's members share one
+    store with their parent), else the run folder's parent (one store per day folder)."""
+    return Path(group.stores) if group is not None else Path(run_dir).resolve().parent
+
+
+def ending_status(error: BaseException) -> str:
+    """How a run that raised `error` ended, in close()'s words: pruned, aborted, interrupted or failed."""
+    if isinstance(error, Pruned):
+        return "pruned"
+    if isinstance(error, Aborted):
+        return "aborted"
+    if isinstance(error, (Interrupted, KeyboardInterrupt)):
+        return "interrupted"
+    return "failed"
+
+
+def hparam_value(value: Any) -> bool | int | float | str:
+    """A value as the trackers' hparams take it: numbers, strings and booleans as they are, the rest as JSON."""
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    return json.dumps(value, default=str)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,3 +75,33 @@ class WandbConfig:
         if node.mode not in WANDB_MODES:
             problems.append(f"{path}.mode={node.mode} is not one of {list(WANDB_MODES)}: pass {path}.mode=offline")
         return problems
+
+
+AIM_PYTHONS = ((3, 10), (3, 12))
+"""The Pythons aim 3.29 (its last release) has wheels for: the [aim] extra installs nothing on others."""
+
+
+@dataclass
+class AimConfig:
+    """An Aim run: metrics with their context (train, val), the config as hparams, texts, histograms
+    (pip install 'currytrain[aim]'; Python 3.10 to 3.12)."""
+
+    _target_: str = "currytrain.logger.aim.AimLogger"
+    repo: str = ""
+    """Folder holding the Aim repo (.aim/); empty: the run folder's parent (the sweep's or ladder's store for
+    their runs). View with: aim up --repo <folder>."""
+    experiment: str = "currytrain"
+    """Aim experiment of a run on its own; a sweep's trials and a ladder's sub-runs go to their group's."""
+    run_name: str = ""
+    """Name of the Aim run; empty: the run folder's name (<stage>/<name> for a ladder's sub-run)."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        low, high = AIM_PYTHONS
+        if not low <= sys.version_info[:2] <= high:
+            here = ".".join(map(str, sys.version_info[:2]))
+            return [
+                f"{path} needs the aim package, which has no release for Python {here} (pip install 'currytrain[aim]' installs it on "
+                f"Python {low[0]}.{low[1]} to {high[0]}.{high[1]}): choose another logger, or run from a Python {high[0]}.{high[1]} environment"
+            ]
+        return _extra_problems("aim", "aim", path)

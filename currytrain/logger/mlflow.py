@@ -1,21 +1,45 @@
 """MLflow backend (logger=mlflow, `pip install currytrain[mlflow]`): metrics, params, tags and text in an
 MLflow tracking store. By default a SQLite store beside the run folder (<run>/../mlflow.db: one database
-per day folder or per sweep), since MLflow 3 refuses its plain file store; any tracking URI by override."""
+per day folder or per sweep; a ladder's sub-runs use their ladder's), since MLflow 3 refuses its plain file
+store; any tracking URI by override.
+
+A run that belongs to a group is nested under the group's parent run (tag mlflow.parentRunId): a sweep's or
+multirun's trials under a parent run the first trial creates for the sweep folder, a ladder's sub-runs under
+the ladder's own run. A member's params are its group params (the sampled values) and its config; its tags
+say its trial (or job, or sub-run), stage, role and, when it ends, its state (FINISHED, PRUNED, ...).
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock
+
 from currytrain.journal import flatten
-from currytrain.logger.base import journal_tags
+from currytrain.logger.base import RunGroup, journal_tags, read_group, stores_dir
 
 MAX_PARAM_CHARS = 6000
 """MLflow's limit on a param value's length (longer values are cut)."""
-STATUSES = {"finished": "FINISHED", "failed": "FAILED"}
+STATUSES = {"finished": "FINISHED", "pruned": "KILLED", "aborted": "KILLED", "interrupted": "KILLED", "failed": "FAILED"}
+"""MLflow's run status per close() status: a run stopped on purpose is KILLED; its tag currytrain.state says why."""
+PARENT_TAG = "mlflow.parentRunId"
+RUN_DIR_TAG = "currytrain.run_dir"
+LOCK = ".mlflow.lock"
+"""In the group's folder: the trials of a sweep that start together create one parent run, not one each."""
+
+
+def param_key(key: str) -> str:
+    """An override key as an MLflow param key (letters, digits, _ - . / and spaces; + and ~ prefixes dropped)."""
+    return re.sub(r"[^\w\-./ ]", "_", key.lstrip("+~"))
+
+
+def param_text(value: Any) -> str:
+    return json.dumps(value, default=str)[:MAX_PARAM_CHARS]
 
 
 class MLflowLogger:
@@ -23,12 +47,43 @@ class MLflowLogger:
         from mlflow.tracking import MlflowClient  # optional extra, imported only when chosen
 
         self.run_dir = Path(run_dir)
-        self.tracking_uri = tracking_uri or f"sqlite:///{self.run_dir.resolve().parent / 'mlflow.db'}"
+        self.group = read_group(run_dir)
+        self.tracking_uri = tracking_uri or f"sqlite:///{stores_dir(run_dir, self.group) / 'mlflow.db'}"
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         found = self.client.get_experiment_by_name(experiment)
-        experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
-        tags = {"currytrain.run_dir": str(self.run_dir.resolve()), **journal_tags(self.run_dir)}
-        self.run_id = self.client.create_run(experiment_id, run_name=run_name or self.run_dir.name, tags=tags).info.run_id
+        self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+        tags = {RUN_DIR_TAG: str(self.run_dir.resolve()), **journal_tags(self.run_dir)}
+        self.parent_id = None
+        if self.group is not None:
+            tags.update(self.group.tag_items())
+            if not self.group.is_parent:
+                self.parent_id = tags[PARENT_TAG] = self._parent(self.group)
+        name = run_name or (self.group.run_name(self.run_dir) if self.group else self.run_dir.name)
+        self.run_id = self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
+        self.group_params = {param_key(key): param_text(value) for key, value in (self.group.params if self.group else {}).items()}
+        self._log_params(self.group_params)
+
+    def _parent(self, group: RunGroup) -> str:
+        """The run of the group's folder (the ladder's own run), or one made for it (a sweep's): its id."""
+        with FileLock(Path(group.folder) / LOCK):
+            runs = self.client.search_runs(
+                [self.experiment_id], filter_string=f"tags.`{RUN_DIR_TAG}` = '{group.folder}'", order_by=["attributes.start_time DESC"], max_results=1
+            )
+            if runs:
+                parent = runs[0].info
+            else:
+                tags = {RUN_DIR_TAG: group.folder, "currytrain.group": group.name, "currytrain.group_kind": group.kind, **group.tags}
+                parent = self.client.create_run(self.experiment_id, run_name=group.name, tags=tags).info
+            if group.kind != "ladder" and parent.status != "RUNNING":  # a sweep goes on: its parent runs again
+                self.client.update_run(parent.run_id, status="RUNNING")
+        return parent.run_id
+
+    def _log_params(self, params: Mapping[str, str]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(key, value) for key, value in params.items()]
+        for start in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
+            self.client.log_batch(self.run_id, params=items[start : start + 100])
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         from mlflow.entities import Metric
@@ -37,11 +92,8 @@ class MLflowLogger:
         self.client.log_batch(self.run_id, metrics=[Metric(name, float(value), stamp, step) for name, value in metrics.items()])
 
     def log_config(self, config: Mapping) -> None:
-        from mlflow.entities import Param
-
-        params = [Param(key, json.dumps(value, default=str)[:MAX_PARAM_CHARS]) for key, value in flatten(dict(config)).items()]
-        for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
-            self.client.log_batch(self.run_id, params=params[start : start + 100])
+        """The config, flattened, as params; a key the group params already hold (a sampled value) keeps theirs."""
+        self._log_params({key: param_text(value) for key, value in flatten(dict(config)).items() if key not in self.group_params})
 
     def log_text(self, name: str, text: str, step: int = 0) -> None:
         self.client.log_text(self.run_id, text, f"{name.replace('/', '_')}_{step}.txt")
@@ -50,4 +102,16 @@ class MLflowLogger:
         pass  # MLflow has no histogram view
 
     def close(self, status: str = "finished") -> None:
+        if self.parent_id is not None:
+            self.client.set_tag(self.run_id, "currytrain.state", status.upper())
         self.client.set_terminated(self.run_id, status=STATUSES.get(status, "FAILED"))
+        if self.parent_id is not None and self.group.kind != "ladder":
+            self._settle_parent()
+
+    def _settle_parent(self) -> None:
+        """A sweep's parent run ends when none of its trials is still running (a later trial runs it again)."""
+        running = self.client.search_runs(
+            [self.experiment_id], filter_string=f"tags.`{PARENT_TAG}` = '{self.parent_id}' and attributes.status = 'RUNNING'", max_results=1
+        )
+        if not running:
+            self.client.set_terminated(self.parent_id, status="FINISHED")

@@ -1,6 +1,11 @@
 """Weights & Biases backend (logger=wandb, `pip install currytrain[wandb]`). mode=offline (the default)
 needs no account and writes <run>/wandb/offline-run-*/ (upload later with `wandb sync`); mode=online
-logs to the user's W&B account."""
+logs to the user's W&B account.
+
+A run that belongs to a group joins W&B's group of that name (the sweep's folder, the ladder's run) with
+job_type trial, job, its ladder stage, or ladder for the ladder's own run; its group params (the sampled
+values) go to the config under `run_group.params`, beside the resolved config. The summary's `state` says
+how the run ended (finished, pruned, aborted, interrupted, failed)."""
 
 from __future__ import annotations
 
@@ -10,7 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from currytrain.logger.base import journal_tags
+from currytrain.logger.base import journal_tags, read_group
+
+MAX_GROUP_CHARS = 128
+"""W&B's limit on a group's and a job_type's length: a longer name keeps its end (the folder's own name)."""
 
 
 class WandbLogger:
@@ -19,14 +27,20 @@ class WandbLogger:
 
         self.wandb = wandb
         run_dir_path = Path(run_dir)
+        group = read_group(run_dir_path)
         settings = wandb.Settings(silent=True, console="off", x_disable_stats=True)
+        facts = {**journal_tags(run_dir_path), **(group.tag_items() if group else {})}
+        facts.pop("currytrain.group", None)  # the group itself says it
         self.run = wandb.init(
             project=project,
             entity=entity or None,
             mode=mode,
-            name=run_name or run_dir_path.name,
+            name=run_name or (group.run_name(run_dir_path) if group else run_dir_path.name),
             dir=str(run_dir_path),
-            tags=[f"{key}={value}"[:64] for key, value in journal_tags(run_dir_path).items() if "version" not in key],
+            group=group.name[-MAX_GROUP_CHARS:] if group else None,
+            job_type=group.job_type[-MAX_GROUP_CHARS:] if group and group.job_type else None,
+            tags=[f"{key}={value}"[:64] for key, value in facts.items() if "version" not in key],
+            config={"run_group": {"kind": group.kind, "member": group.member, "role": group.role, "params": group.params}} if group else None,
             settings=settings,
         )
         self.last_step = 0
@@ -52,4 +66,5 @@ class WandbLogger:
         self._log({name: self.wandb.Histogram(np.asarray(values, dtype=np.float64))}, step)
 
     def close(self, status: str = "finished") -> None:
+        self.run.summary["state"] = status
         self.run.finish(exit_code=0 if status == "finished" else 1)

@@ -20,7 +20,7 @@ from currytrain.components import Components, build_components
 from currytrain.data import HasEvalMetrics
 from currytrain.errors import Aborted, ConfigError, Interrupted, Pruned, RunFailed
 from currytrain.journal import Journal
-from currytrain.logger.base import MultiLogger
+from currytrain.logger.base import MultiLogger, ending_status
 from currytrain.model.protocol import HasTrainingMetrics, causal_lm_loss, full
 from currytrain.parallel.compile import compile_report, use_compile_cache
 from currytrain.parallel.memory import optimizer_state_bytes, param_bytes
@@ -104,6 +104,9 @@ class Trainer:
             val_loss = self._train()
             status = "finished"
             return val_loss
+        except BaseException as error:
+            status = ending_status(error)  # the trackers show a pruned trial as pruned, not failed
+            raise
         finally:
             self.loggers.close(status)
             self.heartbeat.close()
