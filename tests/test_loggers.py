@@ -3,8 +3,11 @@ through mlflow's own client, and W&B's offline transaction log."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,19 @@ from conftest import launch
 from currytrain.journal import read_journal
 
 pytestmark = pytest.mark.filterwarnings("ignore")
+
+HAS_AIM = importlib.util.find_spec("aim") is not None
+needs_aim = pytest.mark.skipif(not HAS_AIM, reason="aim is not installed (currytrain[aim]: Python 3.10-3.12)")
+
+
+def aim_repo(path: Path):
+    """Aim's Repo at `path`, after rebuilding its index as `aim up` does (Aim lists new runs at once, but its
+    queries and get_run see them only once indexed)."""
+    from aim import Repo
+
+    aim = Path(sys.executable).parent / "aim"
+    subprocess.run([str(aim), "storage", "--repo", str(path), "reindex", "--yes"], check=True, capture_output=True, timeout=120)
+    return Repo(str(path))
 
 
 def _jsonl_curve(run_dir: Path, name: str = "train/loss") -> dict[int, float]:
@@ -105,13 +121,13 @@ def test_a_failed_run_is_marked_failed_in_mlflow(tmp_path):
     assert run.info.status == "FAILED"
 
 
-def _wandb_history(run_dir: Path) -> dict[int, dict]:
-    """History rows of W&B's offline transaction log: a LevelDB-style log of protobuf Records (7-byte file
-    header, 32 KiB blocks, each chunk with a 7-byte header: crc32c, length, type FULL/FIRST/MIDDLE/LAST)."""
+def wandb_records(path: Path):
+    """The protobuf Records of a W&B offline transaction log (run-*.wandb), read with wandb's own protobufs: a
+    LevelDB-style log (7-byte file header, 32 KiB blocks, each chunk with a 7-byte header: crc32c, length, type
+    FULL/FIRST/MIDDLE/LAST). wandb 0.31 reads it in its Go core and no longer ships a Python reader."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-    data, position, pending, rows = path.read_bytes(), 7, b"", {}
+    data, position, pending = path.read_bytes(), 7, b""
     while position + 7 <= len(data):
         if 32768 - position % 32768 < 7:  # too little room left in the block for a header: padding
             position += 32768 - position % 32768
@@ -122,9 +138,17 @@ def _wandb_history(run_dir: Path) -> dict[int, dict]:
         if kind in (1, 4):
             record = pb.Record()
             record.ParseFromString(pending)
-            if record.WhichOneof("record_type") == "history":
-                row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
-                rows[row["_step"]] = row
+            yield record
+
+
+def _wandb_history(run_dir: Path) -> dict[int, dict]:
+    """History rows of the run's W&B offline transaction log, by step."""
+    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    rows = {}
+    for record in wandb_records(path):
+        if record.WhichOneof("record_type") == "history":
+            row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            rows[row["_step"]] = row
     return rows
 
 
@@ -146,3 +170,69 @@ def test_a_missing_extra_is_a_config_error_naming_it(compose_cfg, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "mlflow" else real(name, *args))
     problems = validate(compose_cfg("logger=[mlflow]"))
     assert problems == ["logger.mlflow needs the mlflow package, which is not installed: pip install 'currytrain[mlflow]' (or choose another logger)"]
+
+
+@needs_aim
+def test_aim_holds_curves_in_contexts_texts_histograms_and_how_the_run_ended(tmp_path):
+    """Straight through AimLogger: a run on its own goes to the configured experiment; a relaunch into the same
+    folder (a resume) continues the same Aim run, and a re-run step's value replaces the earlier one."""
+    from aim.storage.context import Context
+
+    from currytrain.logger.aim import AimLogger
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    first = AimLogger(str(run_dir))
+    first.log_config({"optimizer": {"lr": 0.1}})
+    for step in range(1, 5):
+        first.log_metrics({"train/loss": float(step), "memory/peak_bytes": 10.0 * step}, step)
+    first.log_metrics({"val/loss": 0.5}, 4)
+    first.log_text("check/seeds", "passed: 3 seeds", 0)
+    first.log_histogram("check/weight/0", [0.1, 0.2, 0.2, 5.0], 2)
+    first.close("failed")
+    again = AimLogger(str(run_dir))
+    again.log_metrics({"train/loss": 30.0}, 3)
+    again.close()
+
+    repo = aim_repo(tmp_path)
+    (run_hash,) = repo.list_all_runs()
+    run = repo.get_run(run_hash)
+    assert (run.experiment, run.name, run["status"], run["hparams"], run.tags) == ("currytrain", "run", "finished", {"optimizer": {"lr": 0.1}}, [])
+
+    def curve(name: str, context: dict) -> dict:
+        frame = run.get_metric(name, Context(context)).dataframe()
+        return dict(zip(frame["step"], frame["value"]))
+
+    assert curve("loss", {"subset": "train"}) == {1: 1.0, 2: 2.0, 3: 30.0, 4: 4.0}
+    assert curve("loss", {"subset": "val"}) == {4: 0.5} and curve("memory/peak_bytes", {})[4] == 40.0
+    (text,) = run.get_text_sequence("check/seeds", Context({})).values.values_list()
+    (histogram,) = run.get_distribution_sequence("check/weight/0", Context({})).values.values_list()
+    counts, edges = histogram.to_np_histogram()
+    assert text.data == "passed: 3 seeds" and counts.sum() == 4 and edges[0] == pytest.approx(0.1) and edges[-1] == pytest.approx(5.0)
+
+
+def test_logger_aim_on_a_python_aim_has_no_release_for_exits_2_naming_the_extra(tmp_path, monkeypatch):
+    import currytrain.logger.config as logger_config
+
+    monkeypatch.setattr(logger_config, "AIM_PYTHONS", ((3, 0), (3, 1)))  # as if this Python were past aim's last
+    result = launch("logger=[aim]", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 2
+    assert "logger.aim needs the aim package, which has no release for Python" in result.stderr and "currytrain[aim]" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_logger_aim_without_its_extra_is_a_config_error_naming_it(compose_cfg, monkeypatch):
+    from currytrain.validate import validate
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "aim" else real(name, *args))
+    problems = validate(compose_cfg("logger=[aim]"))
+    assert problems == ["logger.aim needs the aim package, which is not installed: pip install 'currytrain[aim]' (or choose another logger)"]
+
+
+def test_close_statuses_say_how_the_run_ended():
+    from currytrain.errors import Aborted, Interrupted, Pruned, RunFailed
+    from currytrain.logger.base import ending_status
+
+    errors = [Pruned("p"), Aborted("a"), Interrupted("i", 15), KeyboardInterrupt(), RunFailed("f"), ValueError("v")]
+    assert [ending_status(error) for error in errors] == ["pruned", "aborted", "interrupted", "interrupted", "failed", "failed"]

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from currytrain.logger.base import journal_header, read_group, stores_dir
+from currytrain.logger.base import ENDINGS, journal_header, read_group, stores_dir
 
 CONTEXTS = ("train", "val", "test")
 """A metric's first path part that becomes its Aim context (subset) rather than part of its name."""
@@ -88,7 +88,10 @@ class AimLogger:
         self.run.track(Distribution(np.asarray(values, dtype=np.float64)), name=name, step=step)
 
     def close(self, status: str = "finished") -> None:
+        """The status as `status` and, unless finished, as a tag (a relaunch that finishes drops the earlier one)."""
         self.run["status"] = status
-        if status != "finished":
+        for tag in set(self.run.tags) & set(ENDINGS) - {status}:
+            self.run.remove_tag(tag)
+        if status != "finished" and status not in self.run.tags:
             self.run.add_tag(status)
         self.run.close()

@@ -15,6 +15,7 @@ import json
 import re
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,7 @@ class MLflowLogger:
             if runs:
                 parent = runs[0].info
             else:
-                tags = {RUN_DIR_TAG: group.folder, "currytrain.group": group.name, "currytrain.group_kind": group.kind, **group.tags}
+                tags = {RUN_DIR_TAG: group.folder, **replace(group, member="", stage="", role="").tag_items()}
                 parent = self.client.create_run(self.experiment_id, run_name=group.name, tags=tags).info
             if group.kind != "ladder" and parent.status != "RUNNING":  # a sweep goes on: its parent runs again
                 self.client.update_run(parent.run_id, status="RUNNING")

@@ -28,7 +28,8 @@ class WandbLogger:
         self.wandb = wandb
         run_dir_path = Path(run_dir)
         group = read_group(run_dir_path)
-        settings = wandb.Settings(silent=True, console="off", x_disable_stats=True)
+        # create_new: a ladder's sub-runs start while its own run is still open (the default would finish it).
+        settings = wandb.Settings(silent=True, console="off", x_disable_stats=True, reinit="create_new")
         facts = {**journal_tags(run_dir_path), **(group.tag_items() if group else {})}
         facts.pop("currytrain.group", None)  # the group itself says it
         self.run = wandb.init(
