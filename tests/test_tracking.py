@@ -190,8 +190,10 @@ def test_a_ladder_shows_its_sub_runs_nested_in_mlflow_and_grouped_in_wandb_and_a
     assert result.returncode == 0, result.stderr[-3000:]
     ladder_dir, subruns = run_dir.resolve(), {"seeds/seed_0": "seed_0", "seeds/seed_1": "seed_1"}
 
-    _, runs = mlflow_runs(tmp_path)
+    client, runs = mlflow_runs(tmp_path)
     (ladder,) = [run for run in runs if run.data.tags["currytrain.run_dir"] == str(ladder_dir)]
+    assert [artifact.path for artifact in client.list_artifacts(ladder.info.run_id)] == ["check_seeds_0.txt"]  # the stage's verdicts
+    assert ladder.info.artifact_uri.startswith((tmp_path / "mlartifacts").resolve().as_uri())  # beside the store, not in ./mlruns
     children = {run.info.run_name: run for run in runs if run.data.tags.get("mlflow.parentRunId") == ladder.info.run_id}
     assert len(runs) == 3 and set(children) == set(subruns)
     for name, role in subruns.items():

@@ -1,7 +1,7 @@
 """MLflow backend (logger=mlflow, `pip install currytrain[mlflow]`): metrics, params, tags and text in an
 MLflow tracking store. By default a SQLite store beside the run folder (<run>/../mlflow.db: one database
 per day folder or per sweep; a ladder's sub-runs use their ladder's), since MLflow 3 refuses its plain file
-store; any tracking URI by override.
+store, with artifacts in <run>/../mlartifacts; any tracking URI by override.
 
 A run that belongs to a group is nested under the group's parent run (tag mlflow.parentRunId): a sweep's or
 multirun's trials under a parent run the first trial creates for the sweep folder, a ladder's sub-runs under
@@ -26,10 +26,13 @@ from currytrain.logger.base import RunGroup, journal_tags, read_group, stores_di
 
 MAX_PARAM_CHARS = 6000
 """MLflow's limit on a param value's length (longer values are cut)."""
-STATUSES = {"finished": "FINISHED", "pruned": "KILLED", "aborted": "KILLED", "interrupted": "KILLED", "failed": "FAILED"}
-"""MLflow's run status per close() status: a run stopped on purpose is KILLED; its tag currytrain.state says why."""
+STATUSES = {"finished": "FINISHED", "pruned": "KILLED", "aborted": "FAILED", "interrupted": "KILLED", "failed": "FAILED"}
+"""MLflow's run status per close() status: a trial the sweep pruned and a run a signal stopped are KILLED (not
+failures), a run an abort condition stopped is FAILED; a member's tag currytrain.state says which."""
 PARENT_TAG = "mlflow.parentRunId"
 RUN_DIR_TAG = "currytrain.run_dir"
+ARTIFACTS = "mlartifacts"
+"""Beside the default store (mlflow.db): the artifact root of the experiments it holds."""
 LOCK = ".mlflow.lock"
 """In the group's folder: the trials of a sweep that start together create one parent run, not one each."""
 
@@ -49,10 +52,13 @@ class MLflowLogger:
 
         self.run_dir = Path(run_dir)
         self.group = read_group(run_dir)
-        self.tracking_uri = tracking_uri or f"sqlite:///{stores_dir(run_dir, self.group) / 'mlflow.db'}"
+        stores = stores_dir(run_dir, self.group)
+        self.tracking_uri = tracking_uri or f"sqlite:///{stores / 'mlflow.db'}"
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         found = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+        # Artifacts (stage texts) beside the default store, not in ./mlruns of wherever the command ran.
+        artifacts = None if tracking_uri else (stores / ARTIFACTS).as_uri()
+        self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment, artifact_location=artifacts)
         tags = {RUN_DIR_TAG: str(self.run_dir.resolve()), **journal_tags(self.run_dir)}
         self.parent_id = None
         if self.group is not None:
