@@ -93,10 +93,10 @@ def test_tensorboard_logger_writes_histograms_and_text(tmp_path):
     assert "note/text_summary" in events.Tags()["tensors"]
 
 
-def test_mlflow_store_holds_metrics_params_tags_and_status(tmp_path):
+def test_mlflow_store_holds_metrics_params_tags_status_and_the_model(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    run_dir = _run(tmp_path, "mlflow")
+    run_dir = _run(tmp_path, "mlflow", "logger.mlflow.log_model=true")
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     (run,) = client.search_runs([client.get_experiment_by_name("currytrain").experiment_id])
     history = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "train/loss")}
@@ -109,6 +109,14 @@ def test_mlflow_store_holds_metrics_params_tags_and_status(tmp_path):
     header = read_journal(run_dir / "journal.jsonl")[0]
     assert run.data.tags["currytrain.git_sha"] == str(header["git_sha"]) and run.data.tags["currytrain.seed"] == "0"
     assert run.info.status == "FINISHED" and run.info.run_name == "run"
+    # logger.mlflow.log_model=true: the final checkpoint as a LoggedModel of the run, its files as written
+    (model,) = client.search_logged_models(experiment_ids=[run.info.experiment_id])
+    assert (model.source_run_id, str(model.status)) == (run.info.run_id, "READY")
+    assert model.params["model.dim"] == "32" and model.tags["currytrain.checkpoint_step"] == "6"
+    logged = {artifact.path for artifact in client.list_logged_model_artifacts(model.model_id)}
+    step_dir = run_dir / "checkpoints" / "step_6"
+    assert {"resolved.yaml", "checkpoint"} <= logged
+    assert {a.path for a in client.list_logged_model_artifacts(model.model_id, "checkpoint")} == {f"checkpoint/{p.name}" for p in step_dir.iterdir()}
 
 
 def test_a_failed_run_is_marked_failed_in_mlflow(tmp_path):

@@ -47,6 +47,7 @@ class AimLogger:
             self.run = Run(run_hash=earlier, **options)
         else:
             self.run = Run(experiment=group.name if group else experiment, **options)
+            run_dir_path.mkdir(parents=True, exist_ok=True)
             (run_dir_path / RUN_FILE).write_text(f"{self.run.hash} {self.repo}\n")
         self.run.name = run_name or (group.run_name(run_dir_path) if group else run_dir_path.name)
         self.run["run_dir"] = str(run_dir_path.resolve())

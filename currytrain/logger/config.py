@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
 
@@ -46,10 +47,18 @@ class MLflowConfig:
     """MLflow experiment the run is filed under (created when missing)."""
     run_name: str = ""
     """Name of the MLflow run; empty: the run folder's name."""
+    log_model: bool = False
+    """When the run finishes, log its final checkpoint (torch.distributed.checkpoint shards) and resolved.yaml as
+    an MLflow 3 LoggedModel of the run, with the model config as its params."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
-        return _extra_problems("mlflow", "mlflow", path)
+        problems = _extra_problems("mlflow", "mlflow", path)
+        if not problems and node.log_model and int(metadata.version("mlflow").split(".")[0]) < 3:
+            problems.append(
+                f"{path}.log_model=true needs MLflow 3 (LoggedModel), but mlflow {metadata.version('mlflow')} is installed: pip install 'mlflow>=3'"
+            )
+        return problems
 
 
 WANDB_MODES = ("offline", "online", "disabled")

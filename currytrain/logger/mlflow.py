@@ -12,6 +12,7 @@ say its trial (or job, or sub-run), stage, role and, when it ends, its state (FI
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from collections.abc import Mapping
@@ -23,12 +24,20 @@ from filelock import FileLock
 
 from currytrain.journal import flatten
 from currytrain.logger.base import RunGroup, journal_tags, read_group, stores_dir
+from currytrain.weights import RESOLVED, checkpoint_step, find_checkpoint
+
+log = logging.getLogger(__name__)
 
 MAX_PARAM_CHARS = 6000
 """MLflow's limit on a param value's length (longer values are cut)."""
 STATUSES = {"finished": "FINISHED", "pruned": "KILLED", "aborted": "FAILED", "interrupted": "KILLED", "failed": "FAILED"}
 """MLflow's run status per close() status: a trial the sweep pruned and a run a signal stopped are KILLED (not
 failures), a run an abort condition stopped is FAILED; a member's tag currytrain.state says which."""
+MODEL_NAME = "model"
+MODEL_TYPE = "currytrain-dcp-checkpoint"
+"""The LoggedModel's type: a torch.distributed.checkpoint folder (its `checkpoint/` artifacts, downloaded, load
+with `trainer.init_from=<folder>`) beside the run's resolved.yaml."""
+CHECKPOINT_PATH = "checkpoint"
 PARENT_TAG = "mlflow.parentRunId"
 RUN_DIR_TAG = "currytrain.run_dir"
 ARTIFACTS = "mlartifacts"
@@ -47,10 +56,10 @@ def param_text(value: Any) -> str:
 
 
 class MLflowLogger:
-    def __init__(self, run_dir: str, tracking_uri: str = "", experiment: str = "currytrain", run_name: str = ""):
+    def __init__(self, run_dir: str, tracking_uri: str = "", experiment: str = "currytrain", run_name: str = "", log_model: bool = False):
         from mlflow.tracking import MlflowClient  # optional extra, imported only when chosen
 
-        self.run_dir = Path(run_dir)
+        self.run_dir, self.log_model = Path(run_dir), log_model
         self.group = read_group(run_dir)
         stores = stores_dir(run_dir, self.group)
         self.tracking_uri = tracking_uri or f"sqlite:///{stores / 'mlflow.db'}"
@@ -109,11 +118,31 @@ class MLflowLogger:
         pass  # MLflow has no histogram view
 
     def close(self, status: str = "finished") -> None:
+        if self.log_model and status == "finished" and not (self.group and self.group.stage):  # a ladder's sub-run keeps no checkpoint
+            self._log_model()
         if self.parent_id is not None:
             self.client.set_tag(self.run_id, "currytrain.state", status.upper())
         self.client.set_terminated(self.run_id, status=STATUSES.get(status, "FAILED"))
         if self.parent_id is not None and self.group.kind != "ladder":
             self._settle_parent()
+
+    def _log_model(self) -> None:
+        """The final checkpoint and resolved.yaml as a LoggedModel of this run (READY once its files are in)."""
+        from omegaconf import OmegaConf
+
+        checkpoint = find_checkpoint(self.run_dir)
+        if checkpoint is None:
+            log.warning("logger.mlflow.log_model: %s holds no complete checkpoint (trainer.checkpoint_every=0?): no model logged", self.run_dir)
+            return
+        resolved = self.run_dir / RESOLVED
+        node = OmegaConf.to_container(OmegaConf.load(resolved).model, resolve=True) if resolved.is_file() else {}
+        params = {f"model.{key}": param_text(value) for key, value in flatten(node).items()}
+        tags = {RUN_DIR_TAG: str(self.run_dir.resolve()), "currytrain.checkpoint_step": str(checkpoint_step(checkpoint))}
+        model = self.client.create_logged_model(self.experiment_id, name=MODEL_NAME, source_run_id=self.run_id, params=params, tags=tags, model_type=MODEL_TYPE)
+        self.client.log_model_artifacts(model.model_id, str(checkpoint), artifact_path=CHECKPOINT_PATH)
+        if resolved.is_file():  # what rebuilds the model around the weights
+            self.client.log_model_artifact(model.model_id, str(resolved))
+        self.client.finalize_logged_model(model.model_id, "READY")
 
     def _settle_parent(self) -> None:
         """A sweep's parent run ends when none of its trials is still running (a later trial runs it again)."""
