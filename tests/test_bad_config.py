@@ -63,7 +63,7 @@ BAD_CONFIGS = [
     (["check=nope"], ["Could not find 'check/nope'", "ladder"]),
     (["sweep=nope"], ["Could not find 'sweep/nope'", "tpe"]),
     (["hydra/launcher=nope"], ["Could not find 'hydra/launcher/nope'", "slurm"]),
-    (["logger=[tensorboard,nope]"], ["logger has no option 'nope': choose from ['jsonl', 'mlflow', 'tensorboard', 'wandb']"]),
+    (["logger=[tensorboard,nope]"], ["logger has no option 'nope': choose from ['aim', 'jsonl', 'mlflow', 'tensorboard', 'wandb']"]),
 ]
 
 
