@@ -329,7 +329,7 @@ def test_a_killed_sweeper_resumes_to_exactly_n_trials(tmp_path):
     args = ["-m", "sweep=random", "sweep.n_trials=5", *longer, f"hydra.sweep.dir={sweep_dir}"]
     command = [sys.executable, str(ROOT / "launch.py"), *args[:1], *TINY, *args[1:]]
     sweeper = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    journal, deadline = sweep_dir / "3" / "journal.jsonl", time.monotonic() + 240
+    journal, deadline = sweep_dir / "3" / "journal.jsonl", time.monotonic() + 900  # minutes only on a loaded machine
     while '"type": "metrics"' not in (journal.read_text() if journal.exists() else "") and sweeper.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     sweeper.send_signal(signal.SIGKILL)  # three trials done, the fourth one training
