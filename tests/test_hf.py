@@ -528,7 +528,8 @@ def test_init_from_accepts_a_shorter_context(tmp_path, compose_cfg):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("model.rope_scaling=longrope", r"model.rope_scaling=longrope is not one of \['none', 'linear', 'llama3', 'yarn', 'dynamic'\]"),
+        ("model.rope_scaling=ntk", r"model.rope_scaling=ntk is not one of \['none', 'linear', 'llama3', 'yarn', 'dynamic', 'longrope'\]"),
+        ("model.rope_scaling=longrope", "model.rope_short_factor has 0 entries, rope_scaling=longrope needs one per rotated channel pair"),
         ("model.rope_beta_slow=40", "model.rope_beta_fast=32.0 must exceed model.rope_beta_slow=40.0 > 0"),
         ("model.head_dim=15", "model.head_dim=15 is odd, RoPE needs an even head size: pass model.head_dim=16"),
         ("model.sliding_window=-1", "model.sliding_window=-1 must be >= 0"),
