@@ -27,8 +27,8 @@ import torch
 from omegaconf import OmegaConf
 
 from currytrain.errors import ConfigError
-from currytrain.hf.families import FAMILIES, family_for_model
-from currytrain.hf.families.base import IGNORED_SUFFIXES, Family
+from currytrain.hf.families import FAMILIES, closest_family
+from currytrain.hf.families.base import Family
 from currytrain.hf.finetune import write_finetune_experiment
 from currytrain.hf.hub import resolve_source
 from currytrain.weights import MODEL_YAML, RESOLVED, architecture_mismatch, find_checkpoint, model_node_of, safetensors_problem
@@ -166,7 +166,7 @@ def import_hf(source: str, out: str | Path | None = None, revision: str | None =
     reader = SafetensorsReader(folder)
     available = reader.keys()
     state, used, missing = family.to_currytrain(reader, available, node)
-    ignored = {n for n in available if n.endswith(IGNORED_SUFFIXES) or (node["tie_embeddings"] and n == "lm_head.weight")}
+    ignored = {n for n in available - used if family.ignored(n, node)}
     unexpected = sorted(available - used - ignored)
     if missing or unexpected:
         parts = ([f"missing {missing[:5]}"] if missing else []) + ([f"unexpected {unexpected[:5]}"] if unexpected else [])
@@ -301,10 +301,9 @@ def write_hf(
     transformers = _require("transformers")
     has_config = hf_dir is not None and (hf_dir / "config.json").is_file()
     original = json.loads((hf_dir / "config.json").read_text()) if has_config else {}
-    family = family_for_model(node, prefer=(original.get("architectures") or [None])[0])
-    if isinstance(family, str):
-        raise ConfigError(f"{what}: {family}")
-    problems = family.export_problems(node)
+    family, problems = closest_family(node, prefer=(original.get("architectures") or [None])[0])
+    if family is None:
+        raise ConfigError(f"{what}: {problems[0]}")
     if node.get("mup"):
         problems.append("model.mup=true: its logit multiplier and attention scale have no Hugging Face equivalent (train with model.mup=false to export)")
     dropped = sorted(set(state) - family.exported_names(node))

@@ -58,7 +58,7 @@ class ScaledEmbedding(nn.Embedding):
 
     def __init__(self, num_embeddings: int, embedding_dim: int, scale: float):
         super().__init__(num_embeddings, embedding_dim)
-        self.scale = float(torch.tensor(scale, dtype=torch.float32))
+        self.scale = torch.tensor(scale, dtype=torch.float32, device="cpu").item()
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return super().forward(tokens) * self.scale
