@@ -42,6 +42,25 @@ TINY = dict(
 )
 
 YARN_SCALING = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64)
+YARN_SHORT = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16)
+NO_IDS = dict(pad_token_id=None, bos_token_id=None, eos_token_id=None)  # their defaults lie outside this vocabulary
+DEEPSEEK = dict(
+    num_key_value_heads=4,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    kv_lora_rank=16,
+    q_lora_rank=24,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=16,
+    v_head_dim=12,
+    n_group=4,
+    topk_group=2,
+    first_k_dense_replace=1,
+    n_shared_experts=2,
+    routed_scaling_factor=2.5,
+    **NO_IDS,
+)
 LLAMA3_SCALING = dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=16)
 
 # case -> (architecture, config class, overrides): each case exercises what its family or shape adds.
@@ -63,7 +82,81 @@ CASES = {
     "mistral-v0.1-shaped": ("MistralForCausalLM", "MistralConfig", dict(sliding_window=6, head_dim=16)),
     "mistral-v0.3-shaped": ("MistralForCausalLM", "MistralConfig", dict(sliding_window=None, head_dim=24)),
     "mixtral-windowed": ("MixtralForCausalLM", "MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=5)),
+    # Qwen2 with use_sliding_window: full layers up to max_window_layers, sliding after (layer_types [full, sliding]).
+    "qwen2-windowed": ("Qwen2ForCausalLM", "Qwen2Config", dict(use_sliding_window=True, sliding_window=6, max_window_layers=1)),
+    # Gemma: GeGLU (gelu-tanh), RMSNorms of 1 + weight, embeddings x sqrt(dim), head_dim 16 != 64 / 4... tied head.
+    "GemmaForCausalLM": ("GemmaForCausalLM", "GemmaConfig", dict(head_dim=32, **NO_IDS)),
+    # Gemma 2: + norms after attention and MLP, soft-capped scores and logits (caps small enough to bend these
+    # logits), query_pre_attn_scalar 24 != head_dim, sliding and full layers alternating (window 6 < 16 tokens).
+    "Gemma2ForCausalLM": (
+        "Gemma2ForCausalLM",
+        "Gemma2Config",
+        dict(head_dim=16, sliding_window=6, query_pre_attn_scalar=24, attn_logit_softcapping=1.0, final_logit_softcapping=2.0, **NO_IDS),
+    ),
+    # Gemma 3: + per-head qk-norm, two sliding layers per full one, a local RoPE theta for them and a linearly
+    # scaled global one for the full layer.
+    "Gemma3ForCausalLM": (
+        "Gemma3ForCausalLM",
+        "Gemma3TextConfig",
+        dict(
+            head_dim=16,
+            num_hidden_layers=3,
+            sliding_window=6,
+            sliding_window_pattern=3,
+            rope_local_base_freq=100.0,
+            rope_theta=1e6,
+            rope_scaling=dict(rope_type="linear", factor=4.0),
+            **NO_IDS,
+        ),
+    ),
+    # Phi-3-mini-4k: fused qkv_proj and gate_up_proj, a window over every layer.
+    "Phi3ForCausalLM": ("Phi3ForCausalLM", "Phi3Config", dict(sliding_window=6, **NO_IDS)),
+    # Phi-3 128k: LongRoPE with short and long factors per channel pair (an original context of 12, so the 16 test
+    # tokens use the long ones and generation crosses over), over the first 75% of each head (partial rotary).
+    "phi3-128k-shaped": (
+        "Phi3ForCausalLM",
+        "Phi3Config",
+        dict(
+            original_max_position_embeddings=12,
+            partial_rotary_factor=0.75,
+            rope_scaling=dict(rope_type="longrope", short_factor=[1.0 + 0.3 * i for i in range(6)], long_factor=[2.0 + 1.5 * i for i in range(6)]),
+            **NO_IDS,
+        ),
+    ),
+    # OLMo 2: norms after attention and MLP only, qk-norm over each whole projection.
+    "Olmo2ForCausalLM": ("Olmo2ForCausalLM", "Olmo2Config", dict(**NO_IDS)),
+    # OLMo 3: OLMo 2 with three sliding layers per full one; YaRN on the full layer only.
+    "Olmo3ForCausalLM": ("Olmo3ForCausalLM", "Olmo3Config", dict(num_hidden_layers=4, sliding_window=6, rope_scaling=YARN_SHORT, **NO_IDS)),
+    # Qwen3-MoE: qk-norm, softmax top-2 of 4 renormalised (norm_topk_prob), a dense layer (mlp_only_layers) between sparse ones.
+    "Qwen3MoeForCausalLM": (
+        "Qwen3MoeForCausalLM",
+        "Qwen3MoeConfig",
+        dict(num_hidden_layers=3, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True, mlp_only_layers=[1]),
+    ),
+    # decoder_sparse_step=2 makes every other layer dense; routing weights not renormalised.
+    "qwen3-moe-sparse-step": (
+        "Qwen3MoeForCausalLM",
+        "Qwen3MoeConfig",
+        dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, decoder_sparse_step=2, norm_topk_prob=False),
+    ),
+    # DeepSeek-V3: latent attention (q and kv LoRA, 8 RoPE + 16 plain channels per q/k head, 12 per value head), YaRN
+    # with mscale (cos/sin and the softmax scale), 8 experts in 4 groups of which each token keeps 2, sigmoid scores
+    # with a correction bias, routed_scaling_factor, 2 shared experts, a first dense layer.
+    "DeepseekV3ForCausalLM": (
+        "DeepseekV3ForCausalLM",
+        "DeepseekV3Config",
+        dict(num_hidden_layers=3, **DEEPSEEK, rope_scaling=dict(YARN_SHORT, mscale=1.0, mscale_all_dim=0.8)),
+    ),
+    # Moonlight (Kimi): DeepseekV3ForCausalLM without a query LoRA, one group, one shared expert, no YaRN.
+    "moonlight-shaped": (
+        "DeepseekV3ForCausalLM",
+        "DeepseekV3Config",
+        dict(DEEPSEEK, q_lora_rank=None, n_group=1, topk_group=1, n_shared_experts=1, routed_scaling_factor=2.446),
+    ),
 }
+UNCACHED = ("dynamic", "longrope")
+"""RoPE scalings whose tables depend on the whole input's length: transformers' KV cache keeps keys rotated for
+earlier lengths, so only its uncached generation is the model's function of the whole sequence."""
 NUM_NEW_TOKENS = 20
 
 
@@ -77,6 +170,9 @@ def randomize_(model: torch.nn.Module) -> None:
                 param.uniform_(0.5, 1.5)
             else:
                 param.normal_(0.0, 0.1)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek's routing bias: a weight of the checkpoint
+                buffer.normal_(0.0, 0.1)
 
 
 def make_hf_model(name: str, **overrides) -> torch.nn.Module:
@@ -129,32 +225,73 @@ def load_exported(folder: Path) -> torch.nn.Module:
 TOKENS = torch.randint(0, TINY["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(1))
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_import_export_round_trip_matches_transformers(case, tmp_path):
-    architecture = CASES[case][0]
-    reference = make_hf_model(case)
-    reference.save_pretrained(tmp_path / "hf")
+@dataclasses.dataclass
+class Checkpoint:
+    """A case's transformers model, saved (hf/) and imported (imported/), and transformers' logits of TOKENS."""
 
-    import_hf(str(tmp_path / "hf"), tmp_path / "imported")
-    ours = load_model(tmp_path / "imported")
+    reference: torch.nn.Module
+    folder: Path
+    logits: torch.Tensor
+
+    @property
+    def imported(self) -> Path:
+        return self.folder / "imported"
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """checkpoints(case) -> its Checkpoint, built and imported once per module (the parity test, the negative
+    controls and the bad-input tests share them)."""
+    root, built = tmp_path_factory.mktemp("checkpoints"), {}
+
+    def get(case: str) -> Checkpoint:
+        if case not in built:
+            reference = make_hf_model(case)
+            reference.save_pretrained(root / case / "hf")
+            import_hf(str(root / case / "hf"), root / case / "imported")
+            with torch.no_grad():
+                built[case] = Checkpoint(reference, root / case, reference(TOKENS).logits)
+        return built[case]
+
+    return get
+
+
+def tensors_of(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a folder's safetensors files (one file or shards), by name."""
+    return {name: tensor for path in sorted(folder.glob("*.safetensors")) for name, tensor in load_file(path).items()}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_import_export_round_trip_matches_transformers(case, checkpoints, tmp_path):
+    """Imported and exported logits within 1e-5 of transformers', the same 20 greedy tokens, and export -> import
+    -> export writes the same tensors, byte for byte."""
+    architecture = CASES[case][0]
+    checkpoint = checkpoints(case)
+    reference, expected = checkpoint.reference, checkpoint.logits
+    ours = load_model(checkpoint.imported)
     with torch.no_grad():
-        expected = reference(TOKENS).logits
         torch.testing.assert_close(ours(TOKENS), expected, atol=1e-5, rtol=0)
 
-    export_hf(tmp_path / "imported", tmp_path / "exported")
+    export_hf(checkpoint.imported, tmp_path / "exported")
     exported = load_exported(tmp_path / "exported")
     assert type(exported).__name__ == architecture
     with torch.no_grad():
         torch.testing.assert_close(exported(TOKENS).logits, expected, atol=1e-5, rtol=0)
 
     prompt = TOKENS[:1, :4]
-    # Dynamic RoPE past the original context: transformers' KV cache keeps keys rotated with the bases of
-    # earlier lengths, so only its uncached generation is the model's function of the whole sequence.
-    dynamic = CASES[case][2].get("rope_scaling", {}).get("rope_type") == "dynamic"
-    reference_tokens = hf_greedy(reference, prompt, use_cache=not dynamic)
+    uncached = CASES[case][2].get("rope_scaling", {}).get("rope_type") in UNCACHED
+    reference_tokens = hf_greedy(reference, prompt, use_cache=not uncached)
     assert reference_tokens.shape[1] == 4 + NUM_NEW_TOKENS
-    assert torch.equal(hf_greedy(exported, prompt, use_cache=not dynamic), reference_tokens)
+    assert torch.equal(hf_greedy(exported, prompt, use_cache=not uncached), reference_tokens)
     assert torch.equal(greedy(ours, prompt, NUM_NEW_TOKENS), reference_tokens)
+
+    import_hf(str(tmp_path / "exported"), tmp_path / "reimported")
+    export_hf(tmp_path / "reimported", tmp_path / "again")
+    first, second = tensors_of(tmp_path / "exported"), tensors_of(tmp_path / "again")
+    assert first.keys() == second.keys() and first.keys() >= {n for n in tensors_of(checkpoint.folder / "hf")}
+    for name, tensor in first.items():
+        assert tensor.dtype == second[name].dtype and tensor.shape == second[name].shape, name
+        assert tensor.contiguous().view(torch.uint8).equal(second[name].contiguous().view(torch.uint8)), name
 
 
 def test_import_folder_layout(tmp_path):
