@@ -84,7 +84,7 @@ CASES = {
     "mixtral-windowed": ("MixtralForCausalLM", "MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=5)),
     # Qwen2 with use_sliding_window: full layers up to max_window_layers, sliding after (layer_types [full, sliding]).
     "qwen2-windowed": ("Qwen2ForCausalLM", "Qwen2Config", dict(use_sliding_window=True, sliding_window=6, max_window_layers=1)),
-    # Gemma: GeGLU (gelu-tanh), RMSNorms of 1 + weight, embeddings x sqrt(dim), head_dim 16 != 64 / 4... tied head.
+    # Gemma: GeGLU (gelu-tanh), RMSNorms of 1 + weight, embeddings x sqrt(dim), heads of 32 (wider than 64 / 4), tied head.
     "GemmaForCausalLM": ("GemmaForCausalLM", "GemmaConfig", dict(head_dim=32, **NO_IDS)),
     # Gemma 2: + norms after attention and MLP, soft-capped scores and logits (caps small enough to bend these
     # logits), query_pre_attn_scalar 24 != head_dim, sliding and full layers alternating (window 6 < 16 tokens).
@@ -109,8 +109,8 @@ CASES = {
             **NO_IDS,
         ),
     ),
-    # Phi-3-mini-4k: fused qkv_proj and gate_up_proj, a window over every layer.
-    "Phi3ForCausalLM": ("Phi3ForCausalLM", "Phi3Config", dict(sliding_window=6, **NO_IDS)),
+    # Phi-3-mini-4k: fused qkv_proj and gate_up_proj, a window over every layer; here also half of each head rotated.
+    "Phi3ForCausalLM": ("Phi3ForCausalLM", "Phi3Config", dict(sliding_window=6, partial_rotary_factor=0.5, **NO_IDS)),
     # Phi-3 128k: LongRoPE with short and long factors per channel pair (an original context of 12, so the 16 test
     # tokens use the long ones and generation crosses over), over the first 75% of each head (partial rotary).
     "phi3-128k-shaped": (
@@ -430,8 +430,8 @@ def test_export_family_follows_the_model_class(monkeypatch):
             r"rope_type=longrope .*default, linear, llama3 .*yarn and dynamic",
         ),
         ("LlamaForCausalLM", dict(attention_bias=True), "attention_bias"),
-        ("LlamaForCausalLM", dict(hidden_act="gelu"), "hidden_act=gelu"),
-        ("Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=16, max_window_layers=0), "sliding-window"),
+        ("LlamaForCausalLM", dict(hidden_act="relu"), "hidden_act=relu"),
+        ("mistral-v0.1-shaped", dict(layer_types=["sliding_attention", "full_attention"]), "layer_types mixes sliding and full layers"),
         ("mistral-v0.3-shaped", dict(attention_bias=True), "attention_bias"),
     ],
 )
@@ -612,26 +612,89 @@ def test_training_starts_from_imported_weights(tmp_path):
         torch.testing.assert_close(trainer.model.state_dict()[name], tensor, rtol=0, atol=0)
 
 
-def test_rope_scaling_and_window_change_the_logits(tmp_path):
-    """Negative controls for the parity cases: the imported llama3 scaling and Mistral window are what make
-    the logits match; the same weights without them differ from transformers."""
+def renamed(pairs: dict[str, str]):
+    """A state edit that renames the weights whose name holds a key of `pairs` (e.g. post norms placed before)."""
+
+    def edit(state: dict, node: dict) -> dict:
+        out = {}
+        for name, tensor in state.items():
+            for old, new in pairs.items():
+                name = name.replace(old, new)
+            out[name] = tensor
+        return out
+
+    return edit
+
+
+def dropped(*parts: str):
+    """A state edit that leaves out the weights whose name holds one of `parts`."""
+    return lambda state, node: {name: t for name, t in state.items() if not any(part in name for part in parts)}
+
+
+def unbiased(state: dict, node: dict) -> dict:
+    return {name: torch.zeros_like(t) if name.endswith("router.expert_bias") else t for name, t in state.items()}
+
+
+def interleaved(state: dict, node: dict) -> dict:
+    """DeepSeek's RoPE rows as the checkpoint lays them out (interleaved pairs), not reordered for rotate-half."""
+    state = dict(state)
+    FAMILIES["DeepseekV3ForCausalLM"].reorder_rope_rows(state, node, to_hf=True)
+    return state
+
+
+# case -> (what is left out, the model fields that leave it out, how the weights are edited to fit)
+CONTROLS = [
+    ("llama-3.2-shaped", "llama3 RoPE scaling", {"rope_scaling": "none"}, None),
+    ("qwen3-yarn", "YaRN", {"rope_scaling": "none"}, None),
+    # Past an original context shorter than the input (dynamic), the unscaled model needs the longer table.
+    ("llama-dynamic-rope", "dynamic NTK scaling", {"rope_scaling": "none", "max_seq_len": 64}, None),
+    ("mistral-v0.1-shaped", "the sliding window", {"sliding_window": 0}, None),
+    ("Gemma2ForCausalLM", "attention soft-capping", {"attn_softcap": 0.0}, None),
+    ("Gemma2ForCausalLM", "final-logit soft-capping", {"logit_softcap": 0.0}, None),
+    ("Gemma2ForCausalLM", "the post-norms (sandwich -> pre)", {"norm_position": "pre"}, dropped(".post_attention_norm.", ".post_mlp_norm.")),
+    ("Gemma2ForCausalLM", "the window pattern (every layer full)", {"sliding_window": 0, "layer_types": []}, None),
+    ("Gemma2ForCausalLM", "the window pattern (every layer sliding)", {"layer_types": []}, None),
+    ("Gemma2ForCausalLM", "query_pre_attn_scalar", {"attn_scale": 0.0}, None),
+    ("Gemma2ForCausalLM", "GeGLU (silu instead)", {"mlp_activation": "silu"}, None),
+    ("GemmaForCausalLM", "the 1 + weight norms", {"norm_unit_offset": False}, None),
+    ("GemmaForCausalLM", "the sqrt(dim) embedding scale", {"scale_embeddings": False}, None),
+    ("Gemma3ForCausalLM", "the local RoPE of sliding layers", {"rope_local_theta": 0.0}, None),
+    ("Gemma3ForCausalLM", "qk-norm", {"qk_norm": False}, dropped(".q_norm.", ".k_norm.")),
+    ("Olmo2ForCausalLM", "the post-norms (placed before instead)", {"norm_position": "pre"}, renamed({"post_attention_norm": "attention_norm", "post_mlp_norm": "mlp_norm"})),
+    ("qwen2-windowed", "the window pattern (every layer sliding)", {"layer_types": []}, None),
+    ("phi3-128k-shaped", "LongRoPE", {"rope_scaling": "none"}, None),
+    ("phi3-128k-shaped", "LongRoPE's long factors", {"rope_long_factor": "rope_short_factor"}, None),
+    ("Phi3ForCausalLM", "partial rotary (all channels rotated)", {"rope_dim": 0}, None),
+    ("Qwen3MoeForCausalLM", "norm_topk_prob", {"renormalize": False}, None),
+    ("DeepseekV3ForCausalLM", "MLA's RoPE layout (interleaved rows kept)", {}, interleaved),
+    ("DeepseekV3ForCausalLM", "YaRN's mscale in the softmax scale", {"attn_scale": 0.0}, None),
+    ("DeepseekV3ForCausalLM", "the routing correction bias", {}, unbiased),
+    ("DeepseekV3ForCausalLM", "group-limited routing", {"router_groups": 1}, None),
+    ("DeepseekV3ForCausalLM", "routed_scaling_factor", {"routed_scale": 1.0}, None),
+]
+
+
+@pytest.mark.parametrize("case, left_out, changes, edit", CONTROLS, ids=[f"{c[0]}: {c[1]}" for c in CONTROLS])
+def test_leaving_a_mechanism_out_changes_the_logits(case, left_out, changes, edit, checkpoints):
+    """Negative controls for the parity cases: the same weights in a model without the mechanism (its fields at
+    their defaults) compute other logits than transformers', so it is the mechanism that makes them match."""
     from omegaconf import OmegaConf
 
     from currytrain.model import build_model
 
-    cases = (("llama-3.2-shaped", "rope_scaling", "none"), ("qwen3-yarn", "rope_scaling", "none"), ("llama-dynamic-rope", "rope_scaling", "none"))
-    cases += (("mistral-v0.1-shaped", "sliding_window", 0),)
-    for case, field, plain in cases:
-        make_hf_model(case).save_pretrained(tmp_path / case)
-        imported = import_hf(str(tmp_path / case), tmp_path / f"{case}-imported")
-        node, state, _ = read_model(imported)
-        assert node[field] not in (plain, None)
-        # Past an original context shorter than the input (dynamic), the unscaled model needs the longer table.
-        unscaled = build_model(OmegaConf.create({**node, field: plain, "max_seq_len": max(node["max_seq_len"], TOKENS.shape[1])})).eval()
-        unscaled.load_state_dict({**state, "output.weight": state.get("output.weight", state["tok_embeddings.weight"])})
-        with torch.no_grad():
-            assert (unscaled(TOKENS) - load_model(imported)(TOKENS)).abs().max() > 1e-3
-    assert "head_dim" not in node and node["sliding_window"] == 6  # head_dim 16 == 64 / 4: derived, not stored
+    checkpoint = checkpoints(case)
+    node, state, _ = read_model(checkpoint.imported)
+    changes = {key: node[value] if isinstance(value, str) and value in node else value for key, value in changes.items()}
+    assert all(node.get(key) != value for key, value in changes.items() if key != "max_seq_len"), "the import sets what the control leaves out"
+    if node["tie_embeddings"]:
+        state = {**state, "output.weight": state["tok_embeddings.weight"]}
+    state = edit(state, node) if edit else state
+    control = build_model(OmegaConf.create({**node, **changes})).eval()
+    control.load_state_dict(state)
+    with torch.no_grad():
+        assert (control(TOKENS) - checkpoint.logits).abs().max() > 1e-3, left_out
+    if case == "mistral-v0.1-shaped":
+        assert "head_dim" not in node and node["sliding_window"] == 6  # head_dim 16 == 64 / 4: derived, not stored
 
 
 def test_import_writes_a_finetune_experiment_naming_the_model_option(tmp_path):

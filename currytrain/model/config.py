@@ -376,7 +376,7 @@ def _routing_problems(node: Any, path: str) -> list[str]:
     groups = node.router_groups
     if groups >= 1 and node.num_experts >= 1 and node.num_experts % groups:
         problems.append(f"{path}.router_groups={groups} does not divide {path}.num_experts={node.num_experts}: choose {path}.router_groups in {divisors(node.num_experts)}")
-    if groups >= 1 and node.router_group_top_k > groups:
+    if groups > 1 and node.router_group_top_k > groups:
         problems.append(f"{path}.router_group_top_k={node.router_group_top_k} must be at most {path}.router_groups={groups}: pass {path}.router_group_top_k={groups}")
     elif groups > 1 and node.num_experts % groups == 0 and node.router_group_top_k * (node.num_experts // groups) < node.top_k:
         problems.append(

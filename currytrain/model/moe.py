@@ -111,7 +111,7 @@ class CorrectedTopKRouter(TopKRouter):
         self, dim: int, num_experts: int, top_k: int, gating: str = "softmax", renormalize: bool = True, *, bias: bool, groups: int, group_top_k: int, scale: float
     ):
         super().__init__(dim, num_experts, top_k, gating, renormalize)
-        if num_experts % groups or not 1 <= group_top_k <= groups:
+        if num_experts % groups or (groups > 1 and not 1 <= group_top_k <= groups):
             raise ValueError(f"router groups={groups}, group_top_k={group_top_k}: groups must divide num_experts={num_experts}, 1 <= group_top_k <= groups")
         self.groups, self.group_top_k, self.scale = groups, group_top_k, scale
         self.register_buffer("expert_bias", torch.zeros(num_experts) if bias else None)

@@ -173,21 +173,27 @@ def rope_kind(hf: Any) -> str:
     return scaling.get("rope_type", scaling.get("type", "default"))
 
 
+def activation(hf: Any) -> str:
+    """The gate activation a config's model computes: Gemma 2/3 read hidden_activation, the others hidden_act."""
+    return getattr(hf, "hidden_activation", None) or getattr(hf, "hidden_act", None) or "silu"
+
+
 def decoder_problems(hf: Any, rope_kinds: Sequence[str] = STANDARD_ROPE) -> list[str]:
     """What every supported architecture shares and curryTrain's decoder cannot represent otherwise."""
     problems = []
     heads, hidden = hf.num_attention_heads, hf.hidden_size
-    act = getattr(hf, "hidden_act", None) or getattr(hf, "hidden_activation", None) or "silu"
+    act = activation(hf)
     if act not in ACTIVATIONS:
         problems.append(f"hidden_act={act}: curryTrain's gated MLP offers {sorted(ACTIVATIONS)}")
     if hidden % heads and not getattr(hf, "head_dim", None):
         problems.append(f"hidden_size={hidden} is not divisible by num_attention_heads={heads} and head_dim is not set")
     kind = rope_kind(hf)
     if ROPE_TYPES.get(kind) not in rope_kinds:
-        offered = [k for k, v in ROPE_TYPES.items() if v in rope_kinds]
+        offered = [k + (" (Llama 3.1-3.3)" if k == "llama3" else "") for k, v in ROPE_TYPES.items() if v in rope_kinds]
+        offered = ", ".join(offered[:-1]) + " and " + offered[-1] if len(offered) > 1 else offered[0]
         problems.append(
-            f"rope scaling rope_type={kind}: not supported for this architecture, curryTrain implements rope_type {', '.join(offered)} "
-            "here; the others are not converted approximately"
+            f"rope scaling rope_type={kind} {rope_parameters(hf)}: not supported for {type(hf).__name__.removesuffix('Config')}, curryTrain "
+            f"implements rope_type {offered} for it; the others are not converted approximately"
         )
     if getattr(hf, "quantization_config", None):
         problems.append("quantization_config is set: import an unquantized checkpoint")
@@ -216,7 +222,7 @@ def window_problems(hf: Any, windows: str) -> list[str]:
     if windows == "none":
         return [f"sliding-window attention (sliding_window={window}): curryTrain's {type(hf).__name__} mapping attends over the full causal context"]
     if windows == "all" and types and "full_attention" in types:
-        return [f"layer_types mixes sliding and full layers: {type(hf).__name__} applies its window to every layer"]
+        return [f"layer_types mixes sliding and full layers: {type(hf).__name__}'s model applies its window to every layer (Ministral's alternates)"]
     return []
 
 
@@ -276,7 +282,7 @@ def rope_node(hf: Any, scaling: Mapping[str, Any] | None = None, head_dim: int |
 
 def decoder_node(hf: Any, target: str) -> dict[str, Any]:
     theta, _ = _rope(hf)
-    act = getattr(hf, "hidden_act", None) or getattr(hf, "hidden_activation", None) or "silu"
+    act = activation(hf)
     node = {
         "_target_": target,
         "vocab_size": int(hf.vocab_size),
@@ -488,7 +494,8 @@ class Family:
     def free_fields(self) -> frozenset[str]:
         """The mechanism fields this family's config carries: its own, its windows' and its local RoPE."""
         windows = {"none": (), "all": ("sliding_window",), "layers": ("sliding_window", "layer_types")}[self.windows]
-        return self.free | set(windows) | ({"rope_local_theta"} if self.rope_per_layer_type else set())
+        # Every family's gated MLP applies its config's hidden_act (hidden_activation): the activation is always free.
+        return self.free | {"mlp_activation"} | set(windows) | ({"rope_local_theta"} if self.rope_per_layer_type else set())
 
     def problems(self, hf: Any) -> list[str]:
         problems = decoder_problems(hf, self.rope_kinds) + partial_rotary_problems(hf) + window_problems(hf, self.windows)

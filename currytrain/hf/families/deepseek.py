@@ -127,9 +127,11 @@ class DeepseekV3Family(MoEFamily):
         heads = torch.arange(node["n_heads"])[:, None] * head + (head - rope_dim) + torch.arange(rope_dim)[None, :]
         return [(query, heads.flatten()), (f"layers.{i}.attention.wkv_a.weight", node["kv_lora_rank"] + torch.arange(rope_dim))]
 
-    def _reorder(self, state: dict[str, torch.Tensor], node: Mapping[str, Any], inverse: bool) -> None:
+    def reorder_rope_rows(self, state: dict[str, torch.Tensor], node: Mapping[str, Any], to_hf: bool) -> None:
+        """In place: the RoPE rows of each query head and of the latent key, interleaved pairs -> evens then odds
+        (import), or back (to_hf)."""
         order = interleaved_to_halves(node["rope_dim"])
-        order = torch.argsort(order) if inverse else order
+        order = torch.argsort(order) if to_hf else order
         for i in range(node["n_layers"]):
             for name, rows in self._rope_rows(node, i):
                 if name in state:
@@ -140,12 +142,12 @@ class DeepseekV3Family(MoEFamily):
 
     def to_currytrain(self, read: Reader, available: set[str], node: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], set[str], list[str]]:
         state, used, missing = super().to_currytrain(read, available, node)
-        self._reorder(state, node, inverse=False)
+        self.reorder_rope_rows(state, node, to_hf=False)
         return state, used, missing
 
     def to_hf(self, state: Mapping[str, torch.Tensor], node: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         ours = dict(state)
-        self._reorder(ours, node, inverse=True)
+        self.reorder_rope_rows(ours, node, to_hf=True)
         return super().to_hf(ours, node)
 
     # -- export
