@@ -808,3 +808,148 @@ def test_export_shards_large_weights_and_keeps_the_router_coefficient(tmp_path):
     with pytest.raises(ConfigError, match="--max-shard-size 5 gigs"):
         write_hf(node, ours.state_dict(), tmp_path / "bad", max_shard_size="5 gigs")
     assert not (tmp_path / "bad").exists()
+
+
+# ---------------------------------------------------------------------------------------------- new families, end to end
+
+
+@pytest.fixture(scope="module")
+def text_data(tmp_path_factory):
+    """A tiny BPE tokenizer (320 ids) trained here and a repetitive English corpus: what a fine-tune reads."""
+    from tiny_tokenizer import train_tokenizer, write_corpus
+
+    root = tmp_path_factory.mktemp("text")
+    return train_tokenizer(root / "tokenizer").parent, write_corpus(root / "corpus")
+
+
+# One family per new mechanism: soft-caps, sandwich norms and the window pattern (Gemma 2), post-norms (OLMo 2),
+# LongRoPE with partial rotary and fused projections (Phi-3 128k), latent attention and corrected routing (DeepSeek-V3).
+FINETUNED = ["Gemma2ForCausalLM", "Olmo2ForCausalLM", "phi3-128k-shaped", "DeepseekV3ForCausalLM"]
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.parametrize("case", FINETUNED)
+def test_a_finetuned_import_exports_to_transformers_which_generates_from_it(case, text_data, tmp_path):
+    """The user's path: import (with a tokenizer), run the import's own experiment=finetune for 20 steps on text
+    (the loss falls), export the run, and transformers loads it, computes our logits and generates our tokens."""
+    tokenizer, corpus = text_data
+    make_hf_model(case, vocab_size=320).save_pretrained(tmp_path / "hf")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / "hf" / name).write_bytes((tokenizer / name).read_bytes())
+    imported = import_hf(str(tmp_path / "hf"), tmp_path / "imported")
+
+    run = tmp_path / "run"
+    result = launch(
+        f"hydra.searchpath=[file://{imported.resolve()}]",
+        "experiment=finetune",
+        f"data.paths=[{corpus}]",
+        f"data.cache_dir={tmp_path / 'token_cache'}",
+        "trainer.max_steps=20",
+        "trainer.batch_size=4",
+        "trainer.eval_batches=1",
+        "trainer.log_every=1",
+        "trainer.progress=false",
+        "optimizer.lr=3e-3",
+        "optimizer.schedule.warmup_steps=2",
+        "logger=[jsonl]",
+        f"hydra.run.dir={run}",
+        tiny=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    losses = [row["train/loss"] for row in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "train/loss" in row]
+    assert len(losses) == 20 and sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5, losses
+
+    export_hf(run, tmp_path / "exported")
+    exported = load_exported(tmp_path / "exported")
+    assert type(exported).__name__ == CASES[case][0] and (tmp_path / "exported" / "tokenizer.json").is_file()
+    ours = load_model(run)
+    prompt = torch.tensor([transformers.PreTrainedTokenizerFast(tokenizer_file=str(tokenizer / "tokenizer.json")).encode("the quick brown")])
+    with torch.no_grad():
+        torch.testing.assert_close(exported(TOKENS % 320).logits, ours(TOKENS % 320), atol=1e-5, rtol=0)
+    uncached = CASES[case][2].get("rope_scaling", {}).get("rope_type") in UNCACHED
+    generated = hf_greedy(exported, prompt, use_cache=not uncached)
+    assert generated.shape[1] == prompt.shape[1] + NUM_NEW_TOKENS
+    assert torch.equal(generated, greedy(ours, prompt, NUM_NEW_TOKENS))
+
+
+def cli_in_process(capsys, *args: str) -> tuple[int, str]:
+    """`currytrain ...` run by its main() here (exit code, stderr): the commands' error handling without a process."""
+    from currytrain.cli import main
+
+    capsys.readouterr()  # what came before (progress bars of saving the checkpoints)
+    code = main(list(args))
+    return code, capsys.readouterr().err
+
+
+def edited_config(source: Path, folder: Path, **changes) -> Path:
+    """A copy of a checkpoint folder whose config.json has `changes` applied (None removes a key)."""
+    folder.mkdir(parents=True)
+    for path in source.iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+    return folder
+
+
+def test_bad_checkpoints_exit_2_naming_the_field_and_write_nothing(checkpoints, capsys, tmp_path):
+    """An unmapped architecture, a RoPE type or a quantization config a family does not support, a *.bin-only
+    checkpoint: `currytrain hf import` prints one line naming what is wrong, exits 2 and leaves no output."""
+    llama = checkpoints("LlamaForCausalLM").folder / "hf"
+    longrope = dict(rope_type="longrope", rope_theta=10000.0, short_factor=[1.0] * 8, long_factor=[2.0] * 8, original_max_position_embeddings=16)
+    cases = {
+        "architecture": (edited_config(llama, tmp_path / "gpt2", architectures=["GPT2LMHeadModel"], model_type="gpt2"), "unsupported architecture ['GPT2LMHeadModel']"),
+        "rope type": (edited_config(llama, tmp_path / "longrope", rope_parameters=longrope, rope_scaling=None), "rope_type=longrope"),
+        "quantization": (
+            edited_config(llama, tmp_path / "quantized", quantization_config={"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}),
+            "quantization_config is set",
+        ),
+        "bin only": (edited_config(llama, tmp_path / "pickled"), "found only ['pytorch_model.bin']"),
+    }
+    (tmp_path / "pickled" / "model.safetensors").rename(tmp_path / "pickled" / "pytorch_model.bin")
+    for what, (folder, message) in cases.items():
+        out = tmp_path / f"out-{folder.name}"
+        code, err = cli_in_process(capsys, "hf", "import", str(folder), "--out", str(out))
+        assert code == 2 and message in err and err.startswith("curryTrain: ") and err.count("\n") == 1, (what, err)
+        assert not out.exists() and not list(tmp_path.glob(f".{out.name}*")), what  # nor its staging folder
+
+
+def cpu_allocation_peak(action) -> tuple[int, int]:
+    """(peak, net) bytes of torch's CPU allocations while `action()` runs, from the profiler's allocation events
+    (every tensor a safetensors read, a split or a stack makes is one), in time order."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        action()
+    found, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        stack.extend(event.children)
+        if event.tag == _EventType.Allocation and event.extra_fields.device.type == "cpu":
+            found.append((event.start_time_ns, event.extra_fields.alloc_size))
+    live = peak = 0
+    for _, size in sorted(found):
+        live += size
+        peak = max(peak, live)
+    return peak, live
+
+
+def test_import_of_a_sharded_checkpoint_holds_one_shard_beyond_the_model(tmp_path):
+    """A Mixtral of 4 shards: import reads shard by shard, tensor by tensor (per-expert matrices stacked layer by
+    layer), so the live tensor memory it peaks at stays within the model's size plus its largest shard."""
+    config = transformers.MixtralConfig(**{**TINY, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4, "vocab_size": 1024}, num_local_experts=8)
+    torch.manual_seed(0)
+    model = transformers.MixtralForCausalLM(config)
+    model_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    model.save_pretrained(tmp_path / "hf", max_shard_size=model_bytes // 3)
+    del model
+    shards = sorted((tmp_path / "hf").glob("model-*.safetensors"))
+    assert len(shards) == 4
+    largest = max(path.stat().st_size for path in shards)
+
+    peak, _ = cpu_allocation_peak(lambda: import_hf(str(tmp_path / "hf"), tmp_path / "imported"))
+    state = tensors_of(tmp_path / "imported")
+    assert sum(t.numel() * t.element_size() for t in state.values()) == model_bytes
+    print(f"import peak {peak / 2**20:.1f} MiB: model {model_bytes / 2**20:.1f} MiB + largest shard {largest / 2**20:.1f} MiB")
+    assert model_bytes <= peak <= model_bytes + largest, (peak, model_bytes, largest)

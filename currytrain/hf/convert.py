@@ -56,7 +56,12 @@ def _require(module: str) -> Any:
 
 
 class SafetensorsReader:
-    """The tensors of a HF folder, one file or sharded by model.safetensors.index.json, read on demand."""
+    """The tensors of a HF folder, one file or sharded by model.safetensors.index.json, read on demand.
+
+    A read returns a view into its file's mapping (no copy): callers copy what they keep (Family.to_currytrain
+    does), so no shard outlives its reads. One file is open at a time: reading another closes the previous one,
+    so an import holds at most one shard beside the tensors it has copied (tests/test_hf.py measures it).
+    """
 
     def __init__(self, folder: Path):
         safetensors = _require("safetensors")
@@ -76,7 +81,8 @@ class SafetensorsReader:
             hint = f" (found only {pickled[:3]}; curryTrain never unpickles weights: convert them to safetensors first)" if pickled else ""
             raise ConfigError(f"{folder} has neither {WEIGHTS} nor {INDEX}{hint}")
         self.files = files
-        self._open: dict[Path, Any] = {}
+        self._path: Path | None = None
+        self._handle: Any = None
         self._safe_open = safetensors.safe_open
 
     def keys(self) -> set[str]:
@@ -84,14 +90,19 @@ class SafetensorsReader:
 
     def __call__(self, name: str) -> torch.Tensor:
         path = self.files[name]
-        if path not in self._open:
+        if path != self._path:
+            self.close()  # first: the previous shard's mapping is released before the next one is made
             if not path.is_file():
                 raise ConfigError(f"{path} is listed in {INDEX} but missing: download the checkpoint again")
             _check_safetensors(path)
             with _unreadable(path):
-                self._open[path] = self._safe_open(path, framework="pt")
+                self._handle, self._path = self._safe_open(path, framework="pt"), path
         with _unreadable(path):
-            return self._open[path].get_tensor(name)
+            return self._handle.get_tensor(name)
+
+    def close(self) -> None:
+        """Release the open file (its mapping lives on only in views a caller still holds)."""
+        self._handle = self._path = None
 
 
 def _check_safetensors(path: Path) -> None:
@@ -166,6 +177,7 @@ def import_hf(source: str, out: str | Path | None = None, revision: str | None =
     reader = SafetensorsReader(folder)
     available = reader.keys()
     state, used, missing = family.to_currytrain(reader, available, node)
+    reader.close()
     ignored = {n for n in available - used if family.ignored(n, node)}
     unexpected = sorted(available - used - ignored)
     if missing or unexpected:

@@ -29,6 +29,7 @@ from currytrain.model.config import GQAConfig, MoEConfig
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 
 Reader = Callable[[str], torch.Tensor]
+"""A checkpoint's tensor by its transformers name: a view into the file (copy what you keep)."""
 
 # transformers' rope_type -> model.rope_scaling, and the scaling keys -> the model.rope_* fields.
 ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3", "yarn": "yarn", "dynamic": "dynamic", "longrope": "longrope"}
@@ -537,12 +538,13 @@ class Family:
         return []
 
     def to_currytrain(self, read: Reader, available: set[str], node: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], set[str], list[str]]:
-        """(state in curryTrain names, transformers names used, transformers names missing)."""
+        """(state in curryTrain names, transformers names used, transformers names missing). `read` returns views
+        into the checkpoint's files: what the state keeps is copied, so that no file outlives its reads."""
         state, used, missing = {}, set(), []
         for ours, theirs in self.weight_names(node):
             source = theirs if theirs in available else self.alias(theirs)
             if source in available:
-                state[ours] = read(source)
+                state[ours] = read(source).clone()
                 used.add(source)
             else:
                 missing.append(theirs)
@@ -552,7 +554,7 @@ class Family:
                 continue
             used.add(fused.theirs)
             for name, part in zip(fused.ours, read(fused.theirs).split(list(fused.sizes))):
-                state[name] = part.contiguous()
+                state[name] = part.clone()
         return state, used, missing
 
     # -- export

@@ -107,7 +107,7 @@ class MoEFamily(Family):
             if fused["w13"] in available:
                 w13 = read(fused["w13"])
                 state[ours + "w1"], state[ours + "w3"] = w13[:, :hidden].contiguous(), w13[:, hidden:].contiguous()
-                state[ours + "w2"] = read(fused["w2"])
+                state[ours + "w2"] = read(fused["w2"]).clone()
             else:
                 for w, group in per_expert.items():
                     state[ours + w] = torch.stack([read(n) for n in group])
