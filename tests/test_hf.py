@@ -660,7 +660,12 @@ CONTROLS = [
     ("GemmaForCausalLM", "the sqrt(dim) embedding scale", {"scale_embeddings": False}, None),
     ("Gemma3ForCausalLM", "the local RoPE of sliding layers", {"rope_local_theta": 0.0}, None),
     ("Gemma3ForCausalLM", "qk-norm", {"qk_norm": False}, dropped(".q_norm.", ".k_norm.")),
-    ("Olmo2ForCausalLM", "the post-norms (placed before instead)", {"norm_position": "pre"}, renamed({"post_attention_norm": "attention_norm", "post_mlp_norm": "mlp_norm"})),
+    (
+        "Olmo2ForCausalLM",
+        "the post-norms (placed before instead)",
+        {"norm_position": "pre"},
+        renamed({"post_attention_norm": "attention_norm", "post_mlp_norm": "mlp_norm"}),
+    ),
     ("qwen2-windowed", "the window pattern (every layer sliding)", {"layer_types": []}, None),
     ("phi3-128k-shaped", "LongRoPE", {"rope_scaling": "none"}, None),
     ("phi3-128k-shaped", "LongRoPE's long factors", {"rope_long_factor": "rope_short_factor"}, None),
@@ -898,10 +903,15 @@ def test_bad_checkpoints_exit_2_naming_the_field_and_write_nothing(checkpoints, 
     llama = checkpoints("LlamaForCausalLM").folder / "hf"
     longrope = dict(rope_type="longrope", rope_theta=10000.0, short_factor=[1.0] * 8, long_factor=[2.0] * 8, original_max_position_embeddings=16)
     cases = {
-        "architecture": (edited_config(llama, tmp_path / "gpt2", architectures=["GPT2LMHeadModel"], model_type="gpt2"), "unsupported architecture ['GPT2LMHeadModel']"),
+        "architecture": (
+            edited_config(llama, tmp_path / "gpt2", architectures=["GPT2LMHeadModel"], model_type="gpt2"),
+            "unsupported architecture ['GPT2LMHeadModel']",
+        ),
         "rope type": (edited_config(llama, tmp_path / "longrope", rope_parameters=longrope, rope_scaling=None), "rope_type=longrope"),
         "quantization": (
-            edited_config(llama, tmp_path / "quantized", quantization_config={"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}),
+            edited_config(
+                llama, tmp_path / "quantized", quantization_config={"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+            ),
             "quantization_config is set",
         ),
         "bin only": (edited_config(llama, tmp_path / "pickled"), "found only ['pytorch_model.bin']"),
@@ -938,7 +948,9 @@ def cpu_allocation_peak(action) -> tuple[int, int]:
 def test_import_of_a_sharded_checkpoint_holds_one_shard_beyond_the_model(tmp_path):
     """A Mixtral of 4 shards: import reads shard by shard, tensor by tensor (per-expert matrices stacked layer by
     layer), so the live tensor memory it peaks at stays within the model's size plus its largest shard."""
-    config = transformers.MixtralConfig(**{**TINY, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4, "vocab_size": 1024}, num_local_experts=8)
+    config = transformers.MixtralConfig(
+        **{**TINY, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4, "vocab_size": 1024}, num_local_experts=8
+    )
     torch.manual_seed(0)
     model = transformers.MixtralForCausalLM(config)
     model_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())

@@ -179,7 +179,11 @@ def _latent_problems(node: Any, path: str) -> list[str]:
         problems.append(f"{path}.kv_lora_rank={node.kv_lora_rank} (latent attention) expands keys and values per head: pass {path}.n_kv_heads={node.n_heads}")
     for key, off in (("qk_norm", False), ("qkv_bias", False), ("attn_softcap", 0.0)):
         if node[key] != off:
-            problems.append(f"{path}.{key}={node[key]} is not offered with latent attention ({path}.kv_lora_rank={node.kv_lora_rank}): pass {path}.{key}={off}".replace("False", "false"))
+            problems.append(
+                f"{path}.{key}={node[key]} is not offered with latent attention ({path}.kv_lora_rank={node.kv_lora_rank}): pass {path}.{key}={off}".replace(
+                    "False", "false"
+                )
+            )
     return problems
 
 
@@ -375,9 +379,13 @@ def _routing_problems(node: Any, path: str) -> list[str]:
         problems.append(f"{path}.dense_layers={list(node.dense_layers)} names layers outside 0..{node.n_layers - 1} ({outside}): remove them")
     groups = node.router_groups
     if groups >= 1 and node.num_experts >= 1 and node.num_experts % groups:
-        problems.append(f"{path}.router_groups={groups} does not divide {path}.num_experts={node.num_experts}: choose {path}.router_groups in {divisors(node.num_experts)}")
+        problems.append(
+            f"{path}.router_groups={groups} does not divide {path}.num_experts={node.num_experts}: choose {path}.router_groups in {divisors(node.num_experts)}"
+        )
     if groups > 1 and node.router_group_top_k > groups:
-        problems.append(f"{path}.router_group_top_k={node.router_group_top_k} must be at most {path}.router_groups={groups}: pass {path}.router_group_top_k={groups}")
+        problems.append(
+            f"{path}.router_group_top_k={node.router_group_top_k} must be at most {path}.router_groups={groups}: pass {path}.router_group_top_k={groups}"
+        )
     elif groups > 1 and node.num_experts % groups == 0 and node.router_group_top_k * (node.num_experts // groups) < node.top_k:
         problems.append(
             f"{path}.router_group_top_k={node.router_group_top_k} groups of {node.num_experts // groups} experts hold fewer than {path}.top_k={node.top_k}: "

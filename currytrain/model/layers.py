@@ -195,9 +195,7 @@ def window_mask(seq_len: int, window: int | None, device: torch.device) -> torch
     return (offset >= 0) & (offset < window) if window else offset >= 0
 
 
-def softcapped_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, *, softcap: float, window: int | None
-) -> torch.Tensor:
+def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, *, softcap: float, window: int | None) -> torch.Tensor:
     """Causal attention whose scores are soft-capped, cap * tanh(scores / cap), before the mask and the softmax
     (Gemma 2). Written out, since the fused kernels cannot cap; q, k, v have the same number of heads."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale

@@ -108,7 +108,17 @@ class CorrectedTopKRouter(TopKRouter):
     """
 
     def __init__(
-        self, dim: int, num_experts: int, top_k: int, gating: str = "softmax", renormalize: bool = True, *, bias: bool, groups: int, group_top_k: int, scale: float
+        self,
+        dim: int,
+        num_experts: int,
+        top_k: int,
+        gating: str = "softmax",
+        renormalize: bool = True,
+        *,
+        bias: bool,
+        groups: int,
+        group_top_k: int,
+        scale: float,
     ):
         super().__init__(dim, num_experts, top_k, gating, renormalize)
         if num_experts % groups or (groups > 1 and not 1 <= group_top_k <= groups):
@@ -259,7 +269,11 @@ class MoE(nn.Module):
         self.num_experts = num_experts
         self.top_k = top_k
         self.capacity_factor = capacity_factor
-        self.router = TopKRouter(dim, num_experts, top_k, gating, renormalize) if not router else CorrectedTopKRouter(dim, num_experts, top_k, gating, renormalize, **router)
+        self.router = (
+            TopKRouter(dim, num_experts, top_k, gating, renormalize)
+            if not router
+            else CorrectedTopKRouter(dim, num_experts, top_k, gating, renormalize, **router)
+        )
         self.experts = GroupedExperts(num_experts, dim, expert_hidden, activation)
         self.shared_expert = SwiGLU(dim, shared_hidden, activation) if shared_hidden > 0 else None
         self.stats: MoEStats | None = None

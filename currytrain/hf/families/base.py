@@ -439,7 +439,10 @@ def attention_names(node: Mapping[str, Any], i: int) -> list[tuple[str, str]]:
 
 def mlp_names(i: int, ours: str = "mlp", theirs: str = "mlp") -> list[tuple[str, str]]:
     """A gated MLP's weights: w1/w3/w2 <-> gate_proj/up_proj/down_proj."""
-    return [(f"layers.{i}.{ours}.{our}.weight", f"model.layers.{i}.{theirs}.{hf}.weight") for our, hf in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj"))]
+    return [
+        (f"layers.{i}.{ours}.{our}.weight", f"model.layers.{i}.{theirs}.{hf}.weight")
+        for our, hf in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj"))
+    ]
 
 
 def outer_names(node: Mapping[str, Any]) -> list[tuple[str, str]]:
