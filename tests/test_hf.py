@@ -965,3 +965,32 @@ def test_import_of_a_sharded_checkpoint_holds_one_shard_beyond_the_model(tmp_pat
     assert sum(t.numel() * t.element_size() for t in state.values()) == model_bytes
     print(f"import peak {peak / 2**20:.1f} MiB: model {model_bytes / 2**20:.1f} MiB + largest shard {largest / 2**20:.1f} MiB")
     assert model_bytes <= peak <= model_bytes + largest, (peak, model_bytes, largest)
+
+
+def model_overrides(node: dict) -> list[str]:
+    """The launch.py overrides that describe an imported model node (model=gqa|moe and each field)."""
+
+    def value(v):
+        return "[" + ",".join(map(str, v)) + "]" if isinstance(v, list) else str(v).lower() if isinstance(v, bool) else str(v)
+
+    option = {"currytrain.model.gqa.GQATransformer": "gqa", "currytrain.model.moe.MoETransformer": "moe"}[node["_target_"]]
+    return [f"model={option}", *(f"model.{key}={value(v)}" for key, v in node.items() if key not in ("_target_", "max_seq_len"))]
+
+
+@pytest.mark.slow  # ~8 s; every family's tiny import climbs it (docs/hf.md), this test keeps the most unusual one
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_deepseek_v3_import_climbs_check_sanity(checkpoints, tmp_path):
+    """Latent attention, group-limited corrected routing, shared experts and a dense layer, freshly initialised from
+    the import's config: init loss near ln(vocab), one batch memorised, healthy layer statistics."""
+    node, _, _ = read_model(checkpoints("DeepseekV3ForCausalLM").imported)
+    result = launch(
+        *model_overrides(node),
+        "model.max_seq_len=32",
+        "data=synthetic",
+        "check=sanity",
+        "trainer.batch_size=4",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        tiny=False,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "sanity" in (tmp_path / "run" / "report.md").read_text()
