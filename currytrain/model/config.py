@@ -152,8 +152,6 @@ def _block_problems(node: Any, path: str) -> list[str]:
     unknown = [t for t in types if t not in LAYER_TYPES]
     if unknown:
         problems.append(f"{path}.layer_types={types} holds {unknown}: each entry is one of {list(LAYER_TYPES)}, e.g. {path}.layer_types=[sliding,full]")
-    if len(types) > node.n_layers >= 1:
-        problems.append(f"{path}.layer_types has {len(types)} entries for {path}.n_layers={node.n_layers}: pass at most one per layer (the list repeats)")
     if "sliding" in types and not node.sliding_window > 0:
         problems.append(f"{path}.layer_types={types} has sliding layers but {path}.sliding_window={node.sliding_window}: pass {path}.sliding_window=<tokens>")
     sliding = "sliding" in types or (not types and node.sliding_window > 0)
@@ -222,7 +220,8 @@ class RopeDecoderConfig(DecoderConfig):
     layer_types: list[str] = field(default_factory=list)
     """Per-layer attention span, repeated over the layers: layer i is layer_types[i % len] (full or sliding),
     e.g. [sliding, full] alternates (Gemma 2), five sliding then one full (Gemma 3), or one entry per layer
-    (Qwen2's max_window_layers). Empty: every layer is sliding when sliding_window > 0, else full."""
+    (Qwen2's max_window_layers); entries beyond n_layers are unused (a shallower model keeps its pattern).
+    Empty: every layer is sliding when sliding_window > 0, else full."""
     rope_local_theta: float = 0.0
     """RoPE base of the sliding layers (Gemma 3's local layers, unscaled); 0 rotates them like the full layers."""
     rope_dim: int = 0
