@@ -862,6 +862,7 @@ def test_a_finetuned_import_exports_to_transformers_which_generates_from_it(case
     )
     assert result.returncode == 0, result.stderr[-3000:]
     losses = [row["train/loss"] for row in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "train/loss" in row]
+    print(f"{case}: mean train loss of steps 1-5 {sum(losses[:5]) / 5:.3f}, of steps 16-20 {sum(losses[-5:]) / 5:.3f}")
     assert len(losses) == 20 and sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5, losses
 
     export_hf(run, tmp_path / "exported")
