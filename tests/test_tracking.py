@@ -1,5 +1,5 @@
 """Sweeps, multiruns and ladders as the trackers show them, read back through each tracker's own client: one
-3-trial sweep (one trial pruned) with every backend on, read by TensorBoard's HParams plugin, MLflow's client,
+3-trial sweep (one trial pruned, the best config confirmed at 2 fresh seeds) with every backend on, read by TensorBoard's HParams plugin, MLflow's client,
 W&B's offline transaction log and Aim's Repo; a multirun without a sweeper; a ladder's sub-runs."""
 
 from __future__ import annotations
@@ -29,7 +29,11 @@ SWEEP = (
     f"model.init_std=choice({','.join(map(str, INIT_STDS))})",
     "sweep.pruner._target_=optuna.pruners.ThresholdPruner",
     "sweep.pruner.upper=8.0",
+    "sweep.confirm_top_k=1",
+    "sweep.confirm_seeds=2",
 )
+CONFIRM_SEEDS = (1, 2)
+"""The confirmation seeds: the ones right after the sweep's seed (0)."""
 
 
 @dataclass
@@ -39,6 +43,15 @@ class Sweep:
 
     def run_dir(self, trial) -> Path:
         return self.dir / str(trial.number)
+
+    @property
+    def best(self) -> optuna.trial.FrozenTrial:
+        return min((t for t in self.trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
+
+    @property
+    def confirm_dirs(self) -> dict[int, Path]:
+        """The best config's confirmation runs, by seed."""
+        return {seed: self.dir / "confirm" / f"trial_{self.best.number}" / f"seed_{seed}" for seed in CONFIRM_SEEDS}
 
 
 def jsonl_curve(run_dir: Path, name: str) -> dict[int, float]:
@@ -74,7 +87,9 @@ def sweep(tmp_path_factory) -> Sweep:
     trials = optuna.load_study(study_name="grid", storage=open_storage(f"sqlite:///{sweep_dir / 'optuna.db'}")).trials
     assert sorted(t.params["model.init_std"] for t in trials) == list(INIT_STDS)
     assert [t.params["model.init_std"] for t in trials if t.state.name == "PRUNED"] == [2.0]  # the others complete
-    return Sweep(sweep_dir.resolve(), trials)
+    sweep = Sweep(sweep_dir.resolve(), trials)
+    assert all((path / "metrics.jsonl").is_file() for path in sweep.confirm_dirs.values())
+    return sweep
 
 
 def test_each_trial_journals_its_group_with_the_sampled_values_only(sweep):
@@ -83,6 +98,17 @@ def test_each_trial_journals_its_group_with_the_sampled_values_only(sweep):
         assert (group.kind, group.folder, group.member, group.job_type) == ("sweep", str(sweep.dir), str(trial.number), "trial")
         assert group.params == trial.params  # not the fixed overrides (optimizer.lr=0.003, TINY's)
         assert group.tags == {"study": "grid"}
+    for seed, run_dir in sweep.confirm_dirs.items():  # the confirmation runs: members of the sweep too
+        group = read_group(run_dir)
+        assert (group.kind, group.folder, group.member, group.job_type, group.role) == (
+            "sweep",
+            str(sweep.dir),
+            f"confirm/trial_{sweep.best.number}/seed_{seed}",
+            "confirm",
+            "confirm",
+        )
+        assert group.params == {**sweep.best.params, "seed": seed}
+        assert group.tags == {"study": "grid", "confirms_trial": str(sweep.best.number)}
 
 
 def _session_groups(logdir: Path):
@@ -113,8 +139,16 @@ def test_tensorboard_hparams_dashboard_shows_the_sweep(sweep):
         end = metadata.parse_session_end_info_plugin_data(events.SummaryMetadata(metadata.SESSION_END_INFO_TAG).plugin_data.content)
         assert {name: value.number_value for name, value in start.hparams.items()} == trial.params
         assert end.status == (api_pb2.STATUS_SUCCESS if trial.state.name == "COMPLETE" else api_pb2.STATUS_UNKNOWN)
-    groups = {group.hparams["model.init_std"].number_value: group for group in _session_groups(sweep.dir)}
-    assert set(groups) == set(INIT_STDS)  # one row per trial in the dashboard
+    rows = _session_groups(sweep.dir)
+    groups = {group.hparams["model.init_std"].number_value: group for group in rows if "seed" not in group.hparams}
+    assert set(groups) == set(INIT_STDS) and len(rows) == len(INIT_STDS) + len(CONFIRM_SEEDS)  # one row per trial, and per confirmation run
+    confirming = {int(group.hparams["seed"].number_value): group for group in rows if "seed" in group.hparams}
+    assert sorted(confirming) == list(CONFIRM_SEEDS)
+    for seed, group in confirming.items():
+        assert group.hparams["model.init_std"].number_value == sweep.best.params["model.init_std"]
+        metrics = {value.name.tag: value.value for value in group.metric_values}
+        val_curve = jsonl_curve(sweep.confirm_dirs[seed], "val/loss")
+        assert metrics["val/loss"] == pytest.approx(val_curve[max(val_curve)], rel=1e-6)
     for trial in sweep.trials:
         group = groups[trial.params["model.init_std"]]
         metrics = {value.name.tag: value.value for value in group.metric_values}
@@ -129,8 +163,16 @@ def test_tensorboard_hparams_dashboard_shows_the_sweep(sweep):
 def test_mlflow_nests_the_trials_under_the_sweeps_parent_run(sweep):
     client, runs = mlflow_runs(sweep.dir)
     (parent,) = [run for run in runs if run.data.tags["currytrain.run_dir"] == str(sweep.dir)]
-    children = {int(run.data.tags["currytrain.trial"]): run for run in runs if run.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
-    assert len(runs) == 4 and sorted(children) == [t.number for t in sweep.trials]
+    nested = [run for run in runs if run.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    children = {int(run.data.tags["currytrain.trial"]): run for run in nested if "currytrain.trial" in run.data.tags}
+    assert len(runs) == 1 + len(sweep.trials) + len(CONFIRM_SEEDS) and len(nested) == len(runs) - 1
+    assert sorted(children) == [t.number for t in sweep.trials]
+    confirming = {run.data.tags["currytrain.run_dir"]: run for run in nested if run.data.tags.get("currytrain.role") == "confirm"}
+    for seed, run_dir in sweep.confirm_dirs.items():
+        run = confirming[str(run_dir)]
+        assert run.info.run_name == f"confirm/trial_{sweep.best.number}/seed_{seed}" and run.data.params["seed"] == str(seed)
+        assert run.data.params["model.init_std"] == json.dumps(sweep.best.params["model.init_std"])
+        assert (run.data.tags["currytrain.confirms_trial"], run.data.tags["currytrain.state"]) == (str(sweep.best.number), "FINISHED")
     assert parent.info.status == "FINISHED" and parent.data.tags["currytrain.group_kind"] == "sweep" and parent.data.tags["currytrain.study"] == "grid"
     for trial in sweep.trials:
         child = children[trial.number]
@@ -149,6 +191,11 @@ def test_wandb_offline_runs_of_the_sweep_are_one_group(sweep):
         config = {item.key: json.loads(item.value_json) for item in run.config.update}
         assert config["run_group"]["params"] == trial.params and config["run_group"]["member"] == str(trial.number)
         assert summary["state"] == {"COMPLETE": "finished", "PRUNED": "pruned"}[trial.state.name]
+    for seed, run_dir in sweep.confirm_dirs.items():
+        run, summary = wandb_run_record(run_dir)
+        config = {item.key: json.loads(item.value_json) for item in run.config.update}
+        assert (run.run_group, run.job_type, summary["state"]) == (str(sweep.dir), "confirm", "finished")
+        assert config["run_group"]["params"] == {**sweep.best.params, "seed": seed}
 
 
 @needs_aim
@@ -157,7 +204,7 @@ def test_aim_runs_of_the_sweep_share_one_experiment_and_hold_the_curves(sweep):
 
     repo = aim_repo(sweep.dir)
     runs = {run.get("run_dir"): run for run in (repo.get_run(run_hash) for run_hash in repo.list_all_runs())}
-    assert set(runs) == {str(sweep.run_dir(trial)) for trial in sweep.trials}
+    assert set(runs) == {str(sweep.run_dir(trial)) for trial in sweep.trials} | {str(path) for path in sweep.confirm_dirs.values()}
     assert {run.experiment for run in runs.values()} == {str(sweep.dir)}
     for trial in sweep.trials:
         run = runs[str(sweep.run_dir(trial))]

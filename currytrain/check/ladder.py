@@ -15,7 +15,7 @@ from currytrain.check.stage import Stage, StageContext, StageResult, Status
 from currytrain.check.subruns import ladder_group
 from currytrain.errors import GateFailed
 from currytrain.journal import Journal
-from currytrain.logger.base import record_group
+from currytrain.logger.base import ending_status, record_group
 from currytrain.parallel.state import ParallelState
 
 log = logging.getLogger(__name__)
@@ -66,10 +66,15 @@ def run_ladder(cfg: DictConfig, state: ParallelState, run_dir: Path, journal: Jo
     record_group(journal, ladder_group(run_dir))  # the trackers show the sub-runs under this run
     loggers = build_loggers(cfg.logger, run_dir, enabled=state.is_main)
     ctx = StageContext(cfg, state, Path(run_dir), journal, loggers, overrides=run_overrides(Path(run_dir)))
+    status = "failed"  # the trackers show how the ladder's own run ended: a failed gate or a crash is failed
     try:
         results = ladder.climb(ctx)
+        status = "failed" if any(result.status is Status.FAILED for result in results) else "finished"
+    except BaseException as error:
+        status = ending_status(error)
+        raise
     finally:
-        loggers.close()
+        loggers.close(status)
     if state.is_main:
         from currytrain.check.report import print_table, write_report
 

@@ -140,13 +140,16 @@ class RunGroup:
         return not self.member
 
     def run_name(self, run_dir: Path) -> str:
-        """A member's run name in the trackers: `<stage>/<name>` for a sub-run, the folder's name otherwise."""
-        return f"{self.stage}/{Path(run_dir).name}" if self.stage else Path(run_dir).name
+        """A member's run name in the trackers: `<stage>/<name>` for a sub-run, `confirm/trial_<n>/seed_<s>` for
+        a sweep's confirmation run (its member, a path), the folder's name otherwise."""
+        if self.stage:
+            return f"{self.stage}/{Path(run_dir).name}"
+        return self.member if "/" in self.member else Path(run_dir).name
 
     def tag_items(self) -> dict[str, str]:
         """The group as flat tags: currytrain.group, currytrain.group_kind, currytrain.trial (or .job,
-        .subrun), currytrain.stage, currytrain.role, and the group's own tags."""
-        member_key = {"sweep": "trial", "multirun": "job"}.get(self.kind, "subrun")
+        .subrun, .confirmation), currytrain.stage, currytrain.role, and the group's own tags."""
+        member_key = "confirmation" if self.role == "confirm" else {"sweep": "trial", "multirun": "job"}.get(self.kind, "subrun")
         items = {"group": self.name, "group_kind": self.kind, member_key: self.member, "stage": self.stage, "role": self.role, **self.tags}
         return {f"currytrain.{key}": str(value) for key, value in items.items() if value not in ("", None)}
 

@@ -1,21 +1,26 @@
 """Which group a Hydra job belongs to, for the trackers (currytrain.logger.base.RunGroup): a trial of
-curryTrain's sweeper (its study's sampled values, from the study's storage) or a job of any other multirun
+curryTrain's sweeper (its study's sampled values, from the study's storage), a confirmation run of such a
+sweep (sweep.confirm_top_k: the confirmed trial's values and the fresh seed), or a job of any other multirun
 (`-m seed=1,2,3`: the values of the overrides swept there, from the sweep folder's multirun.yaml)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from currytrain.logger.base import RunGroup, group_name
-from currytrain.sweep.study import ENV_SPEC, SweepSpec, open_storage, trial_from_env
+from currytrain.sweep.confirm import CONFIRM_DIR, SEED_KEY
+from currytrain.sweep.study import ENV_SPEC, SPEC_FILE, SweepSpec, open_storage, trial_from_env
 
 log = logging.getLogger(__name__)
 
 MULTIRUN_FILE = "multirun.yaml"
 """What Hydra's own sweeper writes in the sweep folder: the multirun's config, with its command-line overrides."""
+CONFIRM_SUBDIR = re.compile(rf"^{CONFIRM_DIR}/trial_(\d+)/seed_(-?\d+)$")
+"""hydra.sweep.subdir of a confirmation run (currytrain.sweep.confirm.run_dir_of)."""
 
 
 def job_group(hydra_cfg: Any, run_dir: Path) -> RunGroup | None:
@@ -41,6 +46,9 @@ def job_group(hydra_cfg: Any, run_dir: Path) -> RunGroup | None:
             tags={"study": spec.study_name},
         )
     folder = sweep_folder(Path(run_dir), str(hydra_cfg.sweep.subdir))
+    confirming = CONFIRM_SUBDIR.match(Path(str(hydra_cfg.sweep.subdir)).as_posix())
+    if confirming is not None and (folder / SPEC_FILE).is_file():
+        return confirmation_group(folder, cwd, SweepSpec.load(folder / SPEC_FILE), int(confirming[1]), int(confirming[2]))
     return RunGroup(
         kind="multirun",
         name=group_name(folder, cwd),
@@ -50,6 +58,24 @@ def job_group(hydra_cfg: Any, run_dir: Path) -> RunGroup | None:
         job_type="job",
         role="job",
         params=swept_values(folder, list(hydra_cfg.overrides.task)),
+    )
+
+
+def confirmation_group(folder: Path, cwd: Path, spec: SweepSpec, trial: int, seed: int) -> RunGroup:
+    """A rerun of trial `trial`'s config at a fresh seed (sweep.confirm_top_k): a member of the sweep's group
+    (job_type and role `confirm`), its params the trial's sampled values with the seed it ran at."""
+    folder = folder.resolve()
+    params = {key: value for key, value in trial_params(spec, trial).items() if key != SEED_KEY}
+    return RunGroup(
+        kind="sweep",
+        name=group_name(folder, cwd),
+        folder=str(folder),
+        stores=str(folder),
+        member=f"{CONFIRM_DIR}/trial_{trial}/seed_{seed}",
+        job_type="confirm",
+        role="confirm",
+        params={**params, SEED_KEY: seed},
+        tags={"study": spec.study_name, "confirms_trial": str(trial)},
     )
 
 
