@@ -49,11 +49,19 @@ def submit(cluster: SlurmCluster, *overrides: str, timeout: float = 240, env: di
     return launch_subprocess("-m", "hydra/launcher=slurm", *overrides, timeout=timeout, env={**cluster.env, **(env or {})})
 
 
-def start(cluster: SlurmCluster, *overrides: str) -> subprocess.Popen:
-    """The same, left running (the test signals or requeues its job meanwhile)."""
+def start(cluster: SlurmCluster, output: Path, *overrides: str) -> subprocess.Popen:
+    """The same, left running (the test signals or requeues its job meanwhile); its console goes to `output`."""
     args = [sys.executable, str(ROOT / "launch.py"), "-m", "hydra/launcher=slurm", *TINY, *overrides]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **cluster.env}
-    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with open(output, "w") as console:
+        return subprocess.Popen(args, cwd=ROOT, env=env, stdout=console, stderr=subprocess.STDOUT)
+
+
+def submitted(sweep_dir: Path) -> list[str]:
+    """The ids of the jobs the launcher submitted so far (its record in the multirun folder)."""
+    from currytrain.cluster.slurm import read_records
+
+    return list(read_records(sweep_dir))
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -116,14 +124,15 @@ def test_one_task_on_each_of_two_nodes_survives_a_requeue_and_trains_as_the_loca
     SLURM's second start resumes from that checkpoint; the losses are still the uninterrupted local run's."""
     sweep_dir, run_dir = tmp_path / "multirun", tmp_path / "multirun" / "0"
     two_nodes = ("parallel.nproc=1", "parallel.dp_replicate=-1", "hydra.launcher.nodes=2", "trainer.checkpoint_every=4")
-    launcher = start(cluster, *SAME, *two_nodes, f"hydra.sweep.dir={sweep_dir}")
+    launcher = start(cluster, tmp_path / "console", *SAME, *two_nodes, f"hydra.sweep.dir={sweep_dir}")
     try:
         wait_for(lambda: any(e["type"] == "checkpoint" for e in events(run_dir)) or launcher.poll() is not None, "the first checkpoint")
-        (job_id,) = [line.split()[2] for line in cluster.command("squeue", "-h", "-o", "x %i %T").stdout.splitlines()]
+        (job_id,) = submitted(sweep_dir)
         cluster.command("scancel", "--signal=USR1", job_id)
-        output, _ = launcher.communicate(timeout=240)
+        launcher.wait(timeout=240)
     finally:
         launcher.kill()
+    output = (tmp_path / "console").read_text()
     assert launcher.returncode == 0, output[-3000:]
     assert f"SLURM job {job_id} (#0): RUNNING on n[1-2]" in output and f"SLURM job {job_id} (#0): COMPLETED, requeued 1x" in output
     assert job_info(cluster, job_id)["Restarts"] == "1"
@@ -143,14 +152,16 @@ def test_one_task_on_each_of_two_nodes_survives_a_requeue_and_trains_as_the_loca
 
 def test_scontrol_requeue_of_a_running_job_checkpoints_and_resumes(cluster, tmp_path):
     sweep_dir, run_dir = tmp_path / "multirun", tmp_path / "multirun" / "0"
-    launcher = start(cluster, SMALL_DATA, "trainer.max_steps=30", "trainer.checkpoint_every=5", "trainer.eval_every=15", f"hydra.sweep.dir={sweep_dir}")
+    overrides = (SMALL_DATA, "trainer.max_steps=30", "trainer.checkpoint_every=5", "trainer.eval_every=15", f"hydra.sweep.dir={sweep_dir}")
+    launcher = start(cluster, tmp_path / "console", *overrides)
     try:
         wait_for(lambda: any(e["type"] == "checkpoint" for e in events(run_dir)) or launcher.poll() is not None, "the first checkpoint")
-        (job_id,) = [line.split()[1] for line in cluster.command("squeue", "-h", "-o", "x %i").stdout.splitlines()]
+        (job_id,) = submitted(sweep_dir)
         cluster.command("scontrol", "requeue", job_id)
-        output, _ = launcher.communicate(timeout=240)
+        launcher.wait(timeout=240)
     finally:
         launcher.kill()
+    output = (tmp_path / "console").read_text()
     assert launcher.returncode == 0, output[-3000:]
     assert job_info(cluster, job_id)["Restarts"] == "1"
     journal = read_journal(run_dir / "journal.jsonl")
@@ -181,13 +192,16 @@ def test_a_sweep_keeps_n_jobs_in_flight_and_a_pruned_trial_frees_its_slot(cluste
         "trainer.max_steps=36",
         f"hydra.sweep.dir={sweep_dir}",
     )
-    sweeper = start(cluster, *overrides)
-    snapshots: list[set[str]] = []  # the sweep's jobs squeue lists as pending or running, every 0.1 s
-    while sweeper.poll() is None:
-        listed = cluster.command("squeue", "-h", "-o", "%i %T", check=False).stdout.split("\n")
-        snapshots.append({line.split()[0] for line in listed if line.strip() and line.split()[1] in ("PENDING", "RUNNING", "CONFIGURING")})
-        time.sleep(0.1)
-    output = sweeper.stdout.read()
+    sweeper = start(cluster, tmp_path / "console", *overrides)
+    snapshots: list[set[str]] = []  # the jobs squeue lists as pending or running, every 0.1 s
+    try:
+        while sweeper.poll() is None:
+            listed = cluster.command("squeue", "-h", "-o", "%i %T", check=False).stdout.splitlines()
+            snapshots.append({line.split()[0] for line in listed if line.split()[1:2] and line.split()[1] in ("PENDING", "RUNNING", "CONFIGURING")})
+            time.sleep(0.1)
+    finally:
+        sweeper.kill()
+    output = (tmp_path / "console").read_text()
     assert sweeper.returncode == 0, output[-3000:]
     import optuna
     from optuna.trial import TrialState

@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 POLL_S = 1.0
 """How often the launcher asks squeue about its jobs."""
-FINAL_STATE_WAIT_S = 5.0
+FINAL_STATE_WAIT_S = 15.0
 """After the last result: how long the launcher waits to show the jobs' final SLURM state."""
 KILL_BAD_EXIT = "export SLURM_KILL_BAD_EXIT=1"
 """A setup line of every batch script: srun ends a job's tasks as soon as one exits non-zero."""
