@@ -183,13 +183,13 @@ def test_a_sweep_keeps_n_jobs_in_flight_and_a_pruned_trial_frees_its_slot(cluste
     sweep_dir = tmp_path / "sweep"
     overrides = (
         "sweep=grid",
-        "sweep.params.optimizer.lr=choice(1e-7, 1e-2, 3e-3)",
+        "optimizer.lr=choice(1e-2, 3e-3, 1e-7)",
         "sweep.pruner._target_=optuna.pruners.ThresholdPruner",
         "sweep.pruner.upper=5.45",
         "sweep.n_trials=3",
         "sweep.n_jobs=2",
         SMALL_DATA,
-        "trainer.max_steps=36",
+        "trainer.max_steps=24",
         f"hydra.sweep.dir={sweep_dir}",
     )
     sweeper = start(cluster, tmp_path / "console", *overrides)
@@ -268,7 +268,11 @@ def test_a_rank_that_never_starts_fails_the_job_within_the_rendezvous_timeout(cl
     assert job_info(cluster, job_id)["JobState"] == "FAILED" and elapsed < 90
     # currytrain diagnose on the multirun folder: the job, its state and the end of the failed task's stderr.
     diagnosis = subprocess.run(
-        [str(Path(sys.executable).parent / "currytrain"), "diagnose", str(sweep_dir)], capture_output=True, text=True, cwd=ROOT, env={**os.environ, **cluster.env}
+        [str(Path(sys.executable).parent / "currytrain"), "diagnose", str(sweep_dir)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **cluster.env},
     )
     assert diagnosis.returncode == 0, diagnosis.stderr
     assert f"job {job_id} (#0, run folder 0): FAILED" in diagnosis.stdout

@@ -49,7 +49,8 @@ log = logging.getLogger(__name__)
 POLL_S = 1.0
 """How often the launcher asks squeue about its jobs."""
 FINAL_STATE_WAIT_S = 15.0
-"""After the last result: how long the launcher waits to show the jobs' final SLURM state."""
+"""After a job's last result: how long the launcher waits for SLURM to see its tasks end before it counts the
+job as ended anyway."""
 KILL_BAD_EXIT = "export SLURM_KILL_BAD_EXIT=1"
 """A setup line of every batch script: srun ends a job's tasks as soon as one exits non-zero."""
 
@@ -120,6 +121,7 @@ class JobWatch:
         self.folder = Path(folder)
         self.jobs: dict[str, slurm.JobRecord] = {}
         self.states: dict[str, slurm.JobState] = {}
+        self.results_at: dict[str, float] = {}
 
     def add(self, job: Any, job_num: int, label: str) -> None:
         tasks = job.num_tasks
@@ -143,23 +145,23 @@ class JobWatch:
                 log.info("SLURM job %s (%s): %s", job_id, record.label, description)
 
     def done(self, job: Any) -> bool:
-        """Every task left its result, or the controller says the job ended (without one: it was killed)."""
-        if all(task_paths(job, task).result_pickle.exists() for task in range(job.num_tasks)):
-            return True
+        """The controller says the job ended (with its results or, killed, without), or every task left its
+        result FINAL_STATE_WAIT_S ago: the tasks exit right after writing it, so the job's slot is free once
+        SLURM has seen them go (squeue then lists no more jobs than the sweep keeps in flight)."""
         state = self.states.get(job.job_id)
-        return state is not None and state.finished
+        if state is not None and state.finished:
+            return True
+        if not all(task_paths(job, task).result_pickle.exists() for task in range(job.num_tasks)):
+            return False
+        seen = self.results_at.setdefault(job.job_id, time.monotonic())
+        return time.monotonic() - seen > FINAL_STATE_WAIT_S
 
     def wait(self, jobs: Sequence[Any]) -> None:
         while True:
             self.poll()
             if all(self.done(job) for job in jobs):
-                break
-            time.sleep(POLL_S)
-        # The results are written just before the tasks exit: show how SLURM ends the jobs (a few seconds at most).
-        deadline = time.monotonic() + FINAL_STATE_WAIT_S
-        while time.monotonic() < deadline and not all(job.job_id in self.states and self.states[job.job_id].finished for job in jobs):
-            time.sleep(POLL_S / 4)
-            self.poll()
+                return
+            time.sleep(POLL_S if not self.results_at else POLL_S / 4)
 
     def job_return(self, job: Any) -> JobReturn | BaseException:
         """The job's JobReturn: the first failed task's (rank order), else task 0's; or, when a task left no
@@ -223,7 +225,7 @@ def relayed(result: JobReturn | BaseException, overrides: list[str]) -> JobRetur
     so launch.py exits with that outcome's code (Hydra would print any Exception and exit 1)."""
     if isinstance(result, BaseException):
         result = JobReturn(overrides=overrides, status=JobStatus.FAILED, _return_value=result)
-    if result.status == JobStatus.FAILED:
+    if result.status == JobStatus.FAILED and not isinstance(result._return_value, Pruned):  # a sweeper reads Pruned
         error = result._return_value
         outcome = error if isinstance(error, Outcome) else RunFailed(f"{type(error).__name__}: {error}")
         result._return_value = JobFailed(outcome)
@@ -252,12 +254,14 @@ def run_in_task(launcher: Any, sweep_overrides: list[str], job_dir_key: str, job
         )
     except SystemExit as stop:  # the run stopped on a signal, after its checkpoint (app.run_task exits 128 + N)
         raise SystemExit(after_signal(stop.code, job, restarts, int(launcher.params.get("max_num_timeout") or 0))) from None
+    code = 0
     if result.status == JobStatus.FAILED and not isinstance(result._return_value, Pruned):
         error = result._return_value
         print(f"curryTrain: SLURM job {job.job_id}, task {job.global_rank}: {type(error).__name__}: {error}", file=sys.stderr)
         if not isinstance(error, Outcome):  # a crash: its traceback, for the task's log
             traceback.print_exception(error)
-        exit_when_done(exit_code_of(error))
+        code = exit_code_of(error)
+    exit_when_done(code)
     return result
 
 
@@ -306,8 +310,10 @@ def continue_requeued(config: Any, job: Any, restarts: int) -> None:
 
 
 def exit_when_done(code: int) -> None:
-    """Exit with `code` once submitit has saved this task's result: a job whose task failed must not end as
-    COMPLETED, and with SLURM_KILL_BAD_EXIT srun then ends the job's other tasks, which may be waiting for this one."""
+    """Exit with `code` as soon as submitit has saved this task's result. A job whose task failed must not end
+    as COMPLETED, and with SLURM_KILL_BAD_EXIT srun then ends the job's other tasks, which may be waiting for
+    this one. Either way the task skips the interpreter's teardown of torch (seconds), which would hold the
+    job's nodes after its result is in (the run's loggers and files were closed by then)."""
 
     def leave() -> None:
         logging.shutdown()

@@ -20,11 +20,10 @@ POLL_S = 0.5
 
 
 def is_submitit(launcher: Any) -> bool:
-    try:
-        from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
-    except ImportError:
-        return False
-    return isinstance(launcher, BaseSubmititLauncher)
+    """A hydra-submitit-launcher launcher (its own, or curryTrain's slurm one built on it). By its class names:
+    Hydra's plugin scan executes the plugin's module again after curryTrain's launcher module imported it, so
+    the class objects differ and isinstance would not tell."""
+    return any(cls.__name__ == "BaseSubmititLauncher" for cls in type(launcher).__mro__)
 
 
 def slurm_launcher(launcher: Any) -> bool:
