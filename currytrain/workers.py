@@ -382,7 +382,7 @@ def roll_call(address: str, port: int, rank: int, world_size: int, timeout: floa
     try:
         store = dist.TCPStore(address, port, is_master=rank == 0, timeout=wait, multi_tenant=True, wait_for_workers=False)
     except Exception as error:  # DistNetworkError, a timeout, the port taken
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        reason = str(error).splitlines()[0].rstrip(".") if str(error) else type(error).__name__
         raise RunFailed(
             f"rank {rank} of {world_size} could not reach the rendezvous at {where} (rank 0) within parallel.rendezvous_timeout={timeout:g} s: {reason}. Fix: {fix}"
         ) from None

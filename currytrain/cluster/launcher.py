@@ -216,7 +216,11 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     watch = JobWatch(sweep_dir)
     for (_, _, number, _, _), job in zip(calls, jobs):
         watch.add(job, number, f"#{number}")
-    watch.wait(jobs)
+    try:
+        watch.wait(jobs)
+    except KeyboardInterrupt:  # Ctrl-C stops the watching, not the jobs
+        log.warning("stopped watching; the jobs keep running (scancel %s stops them)", " ".join(job.job_id for job in jobs))
+        raise
     return [relayed(watch.job_return(job), call[0]) for job, call in zip(jobs, calls)]
 
 
