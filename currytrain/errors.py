@@ -64,6 +64,9 @@ class Interrupted(Outcome):
         self.signum = signum
         self.exit_code = EXIT_SIGNAL_BASE + signum
 
+    def __reduce__(self) -> tuple:  # pickled with its signal (a SLURM job's result travels as a pickle)
+        return (type(self), (str(self), self.signum))
+
 
 class PastHydra(BaseException):
     """An outcome carried past Hydra, which prints any Exception a job raises and exits 1 (or, raised in a

@@ -152,7 +152,7 @@ def test_one_task_on_each_of_two_nodes_survives_a_requeue_and_trains_as_the_loca
 
 def test_scontrol_requeue_of_a_running_job_checkpoints_and_resumes(cluster, tmp_path):
     sweep_dir, run_dir = tmp_path / "multirun", tmp_path / "multirun" / "0"
-    overrides = (SMALL_DATA, "trainer.max_steps=30", "trainer.checkpoint_every=5", "trainer.eval_every=15", f"hydra.sweep.dir={sweep_dir}")
+    overrides = (SMALL_DATA, "trainer.max_steps=18", "trainer.checkpoint_every=3", "trainer.eval_every=9", f"hydra.sweep.dir={sweep_dir}")
     launcher = start(cluster, tmp_path / "console", *overrides)
     try:
         wait_for(lambda: any(e["type"] == "checkpoint" for e in events(run_dir)) or launcher.poll() is not None, "the first checkpoint")
@@ -170,7 +170,7 @@ def test_scontrol_requeue_of_a_running_job_checkpoints_and_resumes(cluster, tmp_
     interrupted, resume = (next(e for e in journal if e["type"] == kind) for kind in ("interrupted", "resume"))
     assert interrupted["signal"] == "SIGTERM" and resume["step"] == interrupted["step"]  # SLURM's SIGTERM: a checkpoint, then the requeue
     first = [e["step"] for e in journal[: kinds.index("launch")] if e["type"] == "metrics"]
-    assert max(first) - resume["step"] <= 5 and journal[-1]["type"] == "finish" and journal[-1]["step"] == 30
+    assert max(first) - resume["step"] <= 3 and journal[-1]["type"] == "finish" and journal[-1]["step"] == 18
 
 
 # ----------------------------------------------------------------------------------- sweeps and ladders
@@ -189,7 +189,7 @@ def test_a_sweep_keeps_n_jobs_in_flight_and_a_pruned_trial_frees_its_slot(cluste
         "sweep.n_trials=3",
         "sweep.n_jobs=2",
         SMALL_DATA,
-        "trainer.max_steps=24",
+        "trainer.max_steps=18",
         f"hydra.sweep.dir={sweep_dir}",
     )
     sweeper = start(cluster, tmp_path / "console", *overrides)

@@ -41,7 +41,7 @@ from submitit.core.utils import FailedJobError
 from submitit.slurm.slurm import SlurmExecutor, SlurmInfoWatcher, SlurmJob
 
 from currytrain.cluster import slurm
-from currytrain.errors import EXIT_SIGNAL_BASE, ConfigError, JobFailed, Outcome, Pruned, RunFailed, exit_code_of
+from currytrain.errors import EXIT_SIGNAL_BASE, ConfigError, Interrupted, JobFailed, Outcome, Pruned, RunFailed, exit_code_of
 from currytrain.journal import Journal
 
 log = logging.getLogger(__name__)
@@ -257,7 +257,7 @@ def run_in_task(launcher: Any, sweep_overrides: list[str], job_dir_key: str, job
             job_subdir_key="hydra.sweep.subdir",
         )
     except SystemExit as stop:  # the run stopped on a signal, after its checkpoint (app.run_task exits 128 + N)
-        raise SystemExit(after_signal(stop.code, job, restarts, int(launcher.params.get("max_num_timeout") or 0))) from None
+        result = after_signal(stop, job, restarts, int(launcher.params.get("max_num_timeout") or 0), list(sweep_overrides))
     code = 0
     if result.status == JobStatus.FAILED and not isinstance(result._return_value, Pruned):
         error = result._return_value
@@ -269,25 +269,34 @@ def run_in_task(launcher: Any, sweep_overrides: list[str], job_dir_key: str, job
     return result
 
 
-def after_signal(code: Any, job: Any, restarts: int, max_requeues: int) -> int:
-    """The exit code of a task whose run stopped on a signal. After SLURM's warning (USR1, or submitit's USR2)
-    rank 0 requeues the job, at most `max_requeues` times; the other ranks exit 0, so that srun does not stop
-    rank 0 first. SIGTERM (scancel, a pre-emption, `scontrol requeue`): SLURM decides whether it runs again."""
-    code = code if isinstance(code, int) else 1
-    if code - EXIT_SIGNAL_BASE not in warning_signals():
-        return code
+def after_signal(stop: SystemExit, job: Any, restarts: int, max_requeues: int, overrides: list[str]) -> JobReturn:
+    """A task whose run stopped on a signal. SIGTERM (scancel, a pre-emption, `scontrol requeue`): the task exits,
+    leaving no result, and SLURM decides whether the job runs again. SLURM's warning (USR1, or submitit's USR2):
+    rank 0 requeues the job, at most `max_requeues` times, and the other ranks exit 0 (so that srun does not
+    stop rank 0 first); past that the job ends here, its outcome the Interrupted that names the checkpoint."""
+    code = stop.code if isinstance(stop.code, int) else 1
+    signum = code - EXIT_SIGNAL_BASE
+    if signum not in warning_signals():
+        raise stop
     if job.global_rank != 0:
-        return 0
-    if restarts >= max_requeues:
-        log.warning("SLURM job %s not requeued: it ran %d time(s) already (hydra.launcher.max_num_timeout=%d)", job.job_id, restarts + 1, max_requeues)
-        return code
-    error = slurm.requeue(job.job_id)
-    if error is not None:
-        log.error("SLURM job %s: scontrol requeue failed: %s", job.job_id, error)
-        return code
-    name = signal.Signals(code - EXIT_SIGNAL_BASE).name
-    log.warning("SLURM job %s requeued after %s (requeue %d of at most %d): it continues from its checkpoint", job.job_id, name, restarts + 1, max_requeues)
-    return 0
+        raise SystemExit(0)
+    name = signal.Signals(signum).name
+    if restarts < max_requeues:
+        error = slurm.requeue(job.job_id)
+        if error is None:
+            log.warning(
+                "SLURM job %s requeued after %s (requeue %d of at most %d): it continues from its checkpoint", job.job_id, name, restarts + 1, max_requeues
+            )
+            raise SystemExit(0)
+        reason = f"scontrol requeue failed: {error}"
+    else:
+        reason = f"it was requeued {restarts} time(s) already (hydra.launcher.max_num_timeout={max_requeues})"
+    interrupted = Interrupted(
+        f"SLURM job {job.job_id} stopped on {name}, after a checkpoint, and was not requeued: {reason}. Continue it with the same "
+        "command plus trainer.resume=auto and the same hydra.sweep.dir (or raise hydra.launcher.max_num_timeout / timeout_min)",
+        signum,
+    )
+    return JobReturn(overrides=overrides, status=JobStatus.FAILED, _return_value=interrupted)
 
 
 def warning_signals() -> set[int]:
