@@ -329,7 +329,7 @@ def test_a_killed_sweeper_resumes_to_exactly_n_trials(tmp_path):
     args = ["-m", "sweep=random", "sweep.n_trials=5", *longer, f"hydra.sweep.dir={sweep_dir}"]
     command = [sys.executable, str(ROOT / "launch.py"), *args[:1], *TINY, *args[1:]]
     sweeper = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    journal, deadline = sweep_dir / "3" / "journal.jsonl", time.monotonic() + 240
+    journal, deadline = sweep_dir / "3" / "journal.jsonl", time.monotonic() + 900  # minutes only on a loaded machine
     while '"type": "metrics"' not in (journal.read_text() if journal.exists() else "") and sweeper.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     sweeper.send_signal(signal.SIGKILL)  # three trials done, the fourth one training
@@ -358,3 +358,68 @@ def test_submitit_local_keeps_n_jobs_trials_in_flight_and_records_pruned_trials(
     for trial in trials:  # a pruned trial stopped at an eval and journaled why
         journal = (sweep_dir / str(trial.number) / "journal.jsonl").read_text()
         assert ('"type": "pruned"' in journal) == (trial.state == TrialState.PRUNED)
+
+
+@pytest.mark.slow
+def test_confirm_top_k_reruns_the_best_configs_at_fresh_seeds_and_names_the_winner(tmp_path):
+    """sweep.confirm_top_k=2: after the grid's 2 trials, each config runs again at 3 seeds no trial used; the
+    report names the winner only because the other config is worse on every shared seed (paired, currytrain.stats).
+    A rerun of the command reuses the finished confirmation runs."""
+    sweep_dir = tmp_path / "grid"
+    args = ("-m", "sweep=grid", "optimizer.lr=choice(3e-3,1e-5)", "sweep.confirm_top_k=2", f"hydra.sweep.dir={sweep_dir}")
+    result = launch(*args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    study = _study(sweep_dir, "grid")
+    assert len(study.trials) == 2, "confirmation runs are not trials of the study"
+    best = next(t for t in study.trials if t.params["optimizer.lr"] == 3e-3)
+    confirmation = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())["confirmation"]
+    assert confirmation["seeds"] == [1, 2, 3] and confirmation["winner_trial"] == best.number
+    for config in confirmation["configs"]:
+        assert sorted(config["values"]) == [1, 2, 3]
+        for seed, value in config["values"].items():
+            run = sweep_dir / "confirm" / f"trial_{config['trial']}" / f"seed_{seed}"
+            resolved = yaml.safe_load((run / "resolved.yaml").read_text())
+            assert resolved["seed"] == seed and resolved["optimizer"]["lr"] == config["params"]["optimizer.lr"]
+            finish = [line for line in (run / "journal.jsonl").read_text().splitlines() if '"finish"' in line]
+            assert len(finish) == 1 and math.isclose(yaml.safe_load(finish[0])["val_loss"], value, rel_tol=1e-6)
+    report = (sweep_dir / "report.md").read_text()
+    assert "## Confirmation: the top 2 configs rerun at 3 fresh seeds" in report
+    assert f"**Winner: trial {best.number}**" in report and "is worse than trial" in report and "3 paired seeds" in report
+    journals = sorted((sweep_dir / "confirm").rglob("journal.jsonl"))
+    before = [path.stat().st_mtime_ns for path in journals]
+    again = launch(*args)  # the study is done and every confirmation run finished: nothing trains again
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [path.stat().st_mtime_ns for path in journals] == before
+    assert f"**Winner: trial {best.number}**" in (sweep_dir / "report.md").read_text()
+
+
+def test_confirmation_names_no_winner_when_the_best_is_not_shown_better():
+    """The decision alone: a best config whose lead over another is inside the seed noise is not named the winner."""
+    from currytrain.sweep.confirm import Candidate, Confirmation
+
+    tied = Confirmation(
+        [1, 2, 3], [Candidate(0, {"x": 1}, 1.00, {1: 1.00, 2: 1.10, 3: 0.95}), Candidate(1, {"x": 2}, 1.01, {1: 1.02, 2: 1.05, 3: 1.01})], maximize=False
+    )
+    tied.decide()
+    assert tied.winner is None and tied.verdicts[0].word == "inconclusive"
+    assert "No winner named" in "\n".join(tied.lines("val/loss"))
+    clear = Confirmation(
+        [1, 2, 3], [Candidate(0, {"x": 1}, 1.0, {1: 1.00, 2: 1.10, 3: 0.95}), Candidate(1, {"x": 2}, 2.0, {1: 2.01, 2: 2.12, 3: 1.95})], maximize=False
+    )
+    clear.decide()
+    assert clear.winner is not None and clear.winner.trial == 0 and clear.verdicts[0].word == "worse"
+    single = Confirmation([1, 2, 3], [Candidate(0, {"x": 1}, 1.0, {1: 1.0}), Candidate(1, {"x": 2}, 2.0, {1: 2.0, 2: 2.1})], maximize=False)
+    single.decide()
+    assert single.winner is None and not single.verdicts, "one shared seed is no test: no winner"
+
+
+def test_confirm_settings_are_checked(compose_cfg):
+    settings, paths, problems = merge_settings(compose_cfg("sweep=tpe", "sweep.confirm_top_k=-1", "sweep.confirm_seeds=1"), {})
+    from currytrain.sweep.checks import sweep_problems
+
+    found = "\n".join(sweep_problems(settings, paths))
+    assert "sweep.confirm_top_k=-1 must be an integer >= 0" in found and "sweep.confirm_seeds=1 must be an integer >= 2" in found
+    settings, paths, _ = merge_settings(
+        compose_cfg("sweep=tpe", "sweep.confirm_top_k=2", "sweep.direction=[minimize,minimize]", "sweep.objective=[val/loss,train/loss]"), {}
+    )
+    assert any("multi-objective study has a Pareto front" in p for p in sweep_problems(settings, paths))

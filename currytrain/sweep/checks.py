@@ -116,6 +116,10 @@ def _count_problems(settings: Any, paths: Mapping[str, str]) -> list[str]:
         value = settings.get(key)
         if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= minimum):
             problems.append(f"{paths.get(key, 'sweep.' + key)}={value} must be an integer >= {minimum}")
+    for key, minimum in (("confirm_top_k", 0), ("confirm_seeds", 2)):
+        value = settings.get(key)
+        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= minimum):
+            problems.append(f"{paths.get(key, 'sweep.' + key)}={value} must be an integer >= {minimum}")
     rate = settings.get("max_failure_rate")
     if rate is not None and not (isinstance(rate, (int, float)) and not isinstance(rate, bool) and 0.0 <= rate <= 1.0):
         where = paths.get("max_failure_rate", "hydra.sweeper.max_failure_rate")
@@ -139,4 +143,16 @@ def sweep_problems(settings: Any, paths: Mapping[str, str], plain_task: bool = F
     problems += _pruner_problems(settings, paths, plain_task)
     problems += _direction_problems(settings.get("direction", "minimize"), paths.get("direction", "sweep.direction"))
     problems += _objective_problems(settings, paths, plain_task)
-    return problems + _count_problems(settings, paths)
+    return problems + _count_problems(settings, paths) + _confirm_problems(settings, paths, plain_task)
+
+
+def _confirm_problems(settings: Any, paths: Mapping[str, str], plain_task: bool) -> list[str]:
+    """confirm_top_k reruns configs at other seeds: one objective, and a run that has a seed (curryTrain's)."""
+    if not settings.get("confirm_top_k"):
+        return []
+    where = paths.get("confirm_top_k", "sweep.confirm_top_k")
+    if len(as_list(settings.get("direction", "minimize"))) > 1:
+        return [f"{where}: a multi-objective study has a Pareto front, not one winner to confirm: pass {where}=0 or a single direction"]
+    if plain_task:
+        return [f"{where}: confirming reruns a config at other seeds, which needs a curryTrain run (its `seed` key): pass {where}=0"]
+    return []

@@ -64,6 +64,12 @@ class OptunaSweepConfig:
     """The study's name in the storage; null: `currytrain`. The same name in the same storage resumes."""
     max_failures: int = 3
     """Failed trials (crash, non-finite objective, config error of a swept value) after which the sweep stops."""
+    confirm_top_k: int = 0
+    """Off when 0. Else, once n_trials are done, the k best distinct configs run again at confirm_seeds fresh seeds
+    each (not trials of the study: folders under <sweep dir>/confirm/), and the report names a winner only where
+    it beats every other one on those seeds (paired by seed, Holm-corrected; currytrain.stats)."""
+    confirm_seeds: int = 3
+    """Seeds per config for confirm_top_k: the same seeds for every config, none of them a trial's (seed + 1, ...)."""
     on_interrupted: str = "fail"
     """Trials a killed sweeper left RUNNING with no result in their run folder: fail (recorded FAIL) or
     requeue (recorded FAIL, not counted, and their parameters asked again)."""

@@ -317,8 +317,11 @@ class SweepLoop:
             except BaseException as error:
                 tell(study, trial.number, Outcome("FAIL", reason=f"custom_search_space {self.space.custom} raised {type(error).__name__}: {error}"))
                 raise
-        fixed = [key if value is None else f"{key}={value}" for key, value in self.space.fixed.items()]
-        return trial, [*fixed, *overrides_of(trial.params), *job_env(self.spec_path, trial.number)]
+        return trial, [*self.fixed_overrides(), *overrides_of(trial.params), *job_env(self.spec_path, trial.number)]
+
+    def fixed_overrides(self) -> list[str]:
+        """The command line's and params' fixed values, passed to every job as written."""
+        return [key if value is None else f"{key}={value}" for key, value in self.space.fixed.items()]
 
     def run(self) -> Any:
         from currytrain.sweep.asynchronous import is_submitit
@@ -332,6 +335,22 @@ class SweepLoop:
         if not any(t.state.name in ("COMPLETE", "PRUNED") for t in study.get_trials(deepcopy=False)):
             raise RunFailed(f"no trial of the study {study.study_name} completed: their reasons are in {self.sweep_dir}/report.md")
         return study
+
+    def confirm(self) -> Any:
+        """sweep.confirm_top_k: the best configs rerun at fresh seeds before a winner is named (sweep.confirm)."""
+        from currytrain.sweep.confirm import confirm
+        from currytrain.sweep.study import outcome_from_journal, outcome_of
+
+        def launch(jobs: list[list[str]], first: int) -> Any:
+            return self.launcher.launch(jobs, initial_job_idx=first)
+
+        def finished(run_dir: Path) -> Any:
+            return outcome_from_journal(run_dir, self.objectives) if (run_dir / "journal.jsonl").is_file() else None
+
+        def outcome(job_return: Any, run_dir: Path) -> Any:
+            return outcome_of(job_return, run_dir, self.objectives)
+
+        return confirm(self.study, self.settings, self.config, self.sweep_dir, self.fixed_overrides(), launch, outcome, finished)
 
     def _stop_on_failures(self, study: Any) -> None:
         from currytrain.sweep.study import failures

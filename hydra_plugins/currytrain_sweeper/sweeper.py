@@ -51,11 +51,13 @@ class CurryTrainSweeper(Sweeper):
         settings, paths, problems = merge_settings(self.config, self.keys)
         space = check(settings, paths, arguments, self.config, problems)
         loop = SweepLoop(settings, space, self.launcher, Path(str(self.config.hydra.sweep.dir)), config=self.config)
+        confirmation = None
         try:
             loop.run()
+            confirmation = loop.confirm()
         finally:
             if loop.study is not None:  # the results so far, also when the sweep stops on failures
-                write_outputs(loop.study, loop.sweep_dir, loop.objectives)
+                write_outputs(loop.study, loop.sweep_dir, loop.objectives, confirmation)
 
 
 def check_optuna() -> None:
