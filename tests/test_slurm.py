@@ -189,7 +189,7 @@ def test_a_sweep_keeps_n_jobs_in_flight_and_a_pruned_trial_frees_its_slot(cluste
         "sweep.n_trials=3",
         "sweep.n_jobs=2",
         SMALL_DATA,
-        "trainer.max_steps=18",
+        "trainer.max_steps=60",  # the other trials train well past the pruned one's step 3, whatever their start-up skew
         f"hydra.sweep.dir={sweep_dir}",
     )
     sweeper = start(cluster, tmp_path / "console", *overrides)
@@ -214,8 +214,10 @@ def test_a_sweep_keeps_n_jobs_in_flight_and_a_pruned_trial_frees_its_slot(cluste
     assert pruned < 2, f"the grid's order put the pruned trial last ({[(t.number, t.params) for t in trials]}): choose other values"
     partner = ids[1 - pruned]
     # The pruned job leaves the queue while its partner runs, and trial 2's job is in the queue before the partner ends.
-    freed = next(i for i, s in enumerate(snapshots) if ids[pruned] not in s and partner in s and i > 0 and ids[pruned] in snapshots[i - 1])
-    assert any(ids[2] in s and partner in s for s in snapshots[freed:]), "the freed slot was not refilled while the other trial ran"
+    changes = [s for i, s in enumerate(snapshots) if i == 0 or s != snapshots[i - 1]]
+    freed = next((i for i, s in enumerate(snapshots) if ids[pruned] not in s and partner in s and i > 0 and ids[pruned] in snapshots[i - 1]), None)
+    assert freed is not None, f"the pruned trial's job {ids[pruned]} never left the queue before job {partner}: {changes}"
+    assert any(ids[2] in s and partner in s for s in snapshots[freed:]), f"the freed slot was not refilled while the other trial ran: {changes}"
 
 
 def test_a_ladder_runs_as_a_job_and_its_failed_gate_exits_3(cluster, tmp_path):
