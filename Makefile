@@ -37,7 +37,23 @@ reliability: $(STAMP)
 # skip and the summary says why.
 SLURM_PACKAGES := slurmctld slurmd slurm-client munge
 slurm:
-	@missing=""; for b in sbatch squeue sinfo scontrol scancel slurmctld slurmd munged; do 	  PATH="$$PATH:/usr/sbin" command -v $$b >/dev/null || missing="$$missing $$b"; done; 	if [ -z "$$missing" ]; then echo "make slurm: SLURM is installed"; 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then 	  export DEBIAN_FRONTEND=noninteractive; 	  apt-get install -y -q $(SLURM_PACKAGES) >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q $(SLURM_PACKAGES) >/dev/null; } 	  && echo "make slurm: installed $(SLURM_PACKAGES)" || echo "make slurm: apt-get could not install $(SLURM_PACKAGES): tests/test_slurm.py will skip"; 	else echo "make slurm: missing$$missing; install $(SLURM_PACKAGES) (apt-get, as root) or tests/test_slurm.py skips"; fi
+	@missing=""; \
+	for b in sbatch squeue sinfo scontrol scancel slurmctld slurmd munged; do \
+	  PATH="$$PATH:/usr/sbin" command -v $$b >/dev/null || missing="$$missing $$b"; \
+	done; \
+	if [ -z "$$missing" ]; then \
+	  echo "make slurm: SLURM is installed"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  if apt-get install -y -q $(SLURM_PACKAGES) >/dev/null 2>&1 \
+	     || { apt-get update -q >/dev/null && apt-get install -y -q $(SLURM_PACKAGES) >/dev/null; }; then \
+	    echo "make slurm: installed $(SLURM_PACKAGES)"; \
+	  else \
+	    echo "make slurm: apt-get could not install $(SLURM_PACKAGES): tests/test_slurm.py will skip"; \
+	  fi; \
+	else \
+	  echo "make slurm: missing$$missing; install $(SLURM_PACKAGES) (apt-get, as root) or tests/test_slurm.py skips"; \
+	fi
 
 # ruff, then the house's layering (.importlinter; docs/architecture.md)
 lint: $(STAMP)

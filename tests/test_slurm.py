@@ -189,7 +189,7 @@ def test_a_sweep_keeps_n_jobs_in_flight_and_a_pruned_trial_frees_its_slot(cluste
         "sweep.n_trials=3",
         "sweep.n_jobs=2",
         SMALL_DATA,
-        "trainer.max_steps=60",  # the other trials train well past the pruned one's step 3, whatever their start-up skew
+        "trainer.max_steps=40",  # the other trials train well past the pruned one's step 3, whatever their start-up skew
         f"hydra.sweep.dir={sweep_dir}",
     )
     sweeper = start(cluster, tmp_path / "console", *overrides)
