@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: train test test-fast lint setup clean reliability
+.PHONY: train test test-fast lint setup clean reliability slurm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,29 @@ test-fast: $(STAMP)
 # docs/reliability.md, written by the tests it lists (tests/reliability/table.py)
 reliability: $(STAMP)
 	$(PY) -m pytest -p tests.reliability.table tests/reliability tests/test_bad_config.py $(ARGS)
+
+# SLURM on this machine for tests/test_slurm.py, which starts its own controller and nodes: Debian's slurmctld,
+# slurmd, slurm-client and munge, installed with apt-get as root (CI does). Where they cannot be had, those tests
+# skip and the summary says why.
+SLURM_PACKAGES := slurmctld slurmd slurm-client munge
+slurm:
+	@missing=""; \
+	for b in sbatch squeue sinfo scontrol scancel slurmctld slurmd munged; do \
+	  PATH="$$PATH:/usr/sbin" command -v $$b >/dev/null || missing="$$missing $$b"; \
+	done; \
+	if [ -z "$$missing" ]; then \
+	  echo "make slurm: SLURM is installed"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  if apt-get install -y -q $(SLURM_PACKAGES) >/dev/null 2>&1 \
+	     || { apt-get update -q >/dev/null && apt-get install -y -q $(SLURM_PACKAGES) >/dev/null; }; then \
+	    echo "make slurm: installed $(SLURM_PACKAGES)"; \
+	  else \
+	    echo "make slurm: apt-get could not install $(SLURM_PACKAGES): tests/test_slurm.py will skip"; \
+	  fi; \
+	else \
+	  echo "make slurm: missing$$missing; install $(SLURM_PACKAGES) (apt-get, as root) or tests/test_slurm.py skips"; \
+	fi
 
 # ruff, then the house's layering (.importlinter; docs/architecture.md)
 lint: $(STAMP)

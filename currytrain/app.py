@@ -18,7 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from currytrain.errors import EXIT_CONFIG_ERROR, EXIT_SIGNAL_BASE, ConfigRejected, Interrupted, Outcome, Pruned
+from currytrain.errors import EXIT_CONFIG_ERROR, EXIT_SIGNAL_BASE, Interrupted, Outcome, PastHydra, Pruned
 
 _task_started = False
 _outcomes: list[Outcome] = []
@@ -77,9 +77,9 @@ def run_app(main: Callable[[], None]) -> None:
         sys.exit(EXIT_CONFIG_ERROR)
     try:
         main()
-    except ConfigRejected as rejected:  # validation before Hydra made any folder
-        print(rejected.error, file=sys.stderr)
-        sys.exit(rejected.error.exit_code)
+    except PastHydra as carried:  # validation before Hydra made any folder; a SLURM job's outcome
+        print(carried.error, file=sys.stderr)
+        sys.exit(carried.error.exit_code)
     except Outcome as outcome:  # HYDRA_FULL_ERROR=1 lets the job's exception through
         sys.exit(outcome.exit_code)
     except KeyboardInterrupt:  # Ctrl-C before training started, or twice: the run journaled it

@@ -7,7 +7,7 @@
     currytrain journal RUN                   a run's journal as a timeline
     currytrain verify RUN                    each checkpoint against its checksums (exit 1 if one fails)
     currytrain compare RUN_OR_SWEEP [...]    runs grouped by config, paired/Welch verdicts with p, report.md
-    currytrain diagnose RUN [--json]         what went wrong, and the fix
+    currytrain diagnose RUN [--json]         what went wrong, and the fix (a multirun: each SLURM job's state)
     currytrain bench [overrides] [--json]    tokens/s, MFU and the step's split for a config
     currytrain estimate [overrides] [--tokens T] [--gpu h100]   FLOPs, time, device-hours and money of a run
 
@@ -136,10 +136,18 @@ def _compare(args: argparse.Namespace) -> None:
 
 
 def _diagnose(args: argparse.Namespace) -> None:
-    from currytrain.report.diagnose import diagnose, find_first_nan_module
+    from currytrain.cluster.slurm import JOBS_RECORD
+    from currytrain.report.diagnose import diagnose, diagnose_jobs, find_first_nan_module
 
-    if not (Path(args.run).expanduser() / "journal.jsonl").is_file():
-        raise ConfigError(f"{args.run} is not a run folder (no journal.jsonl): pass the run folder to diagnose")
+    folder = Path(args.run).expanduser()
+    if not (folder / "journal.jsonl").is_file() and (folder / JOBS_RECORD).is_file():  # a multirun of SLURM jobs
+        jobs = diagnose_jobs(folder)
+        print(json.dumps([job.as_dict() for job in jobs], indent=2) if args.json else "\n".join(line for job in jobs for line in job.lines()))
+        return
+    if not (folder / "journal.jsonl").is_file():
+        raise ConfigError(
+            f"{args.run} is not a run folder (no journal.jsonl) nor a multirun folder of SLURM jobs (no {JOBS_RECORD}): pass one of them to diagnose"
+        )
     findings = diagnose(args.run)
     nan = next((f for f in findings if f.cause == "nan"), None)
     if args.anomaly and nan is not None:
@@ -261,7 +269,7 @@ def _add_runs(commands: argparse._SubParsersAction) -> None:
     compare.set_defaults(handler=_compare)
 
     diagnose = commands.add_parser("diagnose", help="name what went wrong in a run, and the fix")
-    diagnose.add_argument("run", help="a run folder")
+    diagnose.add_argument("run", help="a run folder, or a multirun folder of SLURM jobs (hydra/launcher=slurm)")
     diagnose.add_argument("--json", action="store_true", help="print the findings as JSON")
     diagnose.add_argument("--anomaly", action="store_true", help="for a NaN: re-run to the first bad step with hooks and name the module")
     diagnose.set_defaults(handler=_diagnose)

@@ -64,15 +64,27 @@ class Interrupted(Outcome):
         self.signum = signum
         self.exit_code = EXIT_SIGNAL_BASE + signum
 
+    def __reduce__(self) -> tuple:  # pickled with its signal (a SLURM job's result travels as a pickle)
+        return (type(self), (str(self), self.signum))
 
-class ConfigRejected(BaseException):
-    """A ConfigError found by the validation callback, before Hydra creates any folder. Hydra turns an
-    Exception raised in a callback into a warning and goes on, so this derives from BaseException, as
-    SystemExit does; launch.py prints the error and exits 2."""
 
-    def __init__(self, error: ConfigError):
+class PastHydra(BaseException):
+    """An outcome carried past Hydra, which prints any Exception a job raises and exits 1 (or, raised in a
+    callback, turns it into a warning): it derives from BaseException, as SystemExit does. launch.py prints
+    `error` and exits with its code."""
+
+    def __init__(self, error: Outcome):
         super().__init__(str(error))
         self.error = error
+
+
+class ConfigRejected(PastHydra):
+    """A ConfigError found by the validation callback, before Hydra creates any folder; launch.py exits 2."""
+
+
+class JobFailed(PastHydra):
+    """The outcome of a job that ran in another process (a SLURM job), raised again in the process that
+    launched it when Hydra reads the job's result, so launch.py exits with that outcome's code."""
 
 
 def exit_code_of(error: BaseException) -> int:

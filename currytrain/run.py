@@ -62,7 +62,7 @@ def run(cfg: DictConfig) -> float | None:
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    rank = workers.join_submitit_job() if workers.in_submitit_task() else 0  # before validation: it checks WORLD_SIZE
+    rank = workers.join_submitit_job(cfg.parallel.rendezvous_timeout) if workers.in_submitit_task() else 0  # before validation: it checks WORLD_SIZE
     if hydra_cfg.mode == RunMode.MULTIRUN:
         # A single run was validated by ValidateCallback.on_run_start; a multirun's jobs are composed
         # after on_multirun_start, each with its own swept values and folder, so each is checked here.

@@ -5,8 +5,10 @@
   stdout/stderr go to <run>/workers/rank_<r>.{stdout,stderr} (rank 0's is also shown). A worker that
   fails or is killed stops the others; the launcher journals which rank and how, and raises its outcome.
 - SLURM (or submitit_local) through hydra-submitit-launcher with tasks_per_node = parallel.nproc: every
-  task runs the Hydra job; ranks, world size and the master address come from submitit's JobEnvironment.
-  Rank 0 writes the record, the others wait for it, and all train together.
+  task runs the Hydra job; ranks, world size and the master address come from submitit's JobEnvironment
+  (a first node whose name does not resolve is reached by its NodeAddr). The ranks meet at rank 0's store
+  within parallel.rendezvous_timeout, or fail naming the address and the ranks seen. Rank 0 writes the
+  record, the others wait for it through that store, and all train together.
 - The user's own `torchrun --nproc_per_node N launch.py ...`: rank 0 runs Hydra and writes the record, then
   publishes the run folder in torchrun's store; the other ranks never compose: they wait for that folder
   and read its resolved.yaml (Hydra's ${now:} would give each process its own folder).
@@ -19,6 +21,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -28,6 +31,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from currytrain.cluster import slurm
 from currytrain.errors import Aborted, ConfigError, GateFailed, Interrupted, Outcome, Pruned, RunFailed, exit_code_of
 from currytrain.journal import Journal
 from currytrain.weights import RESOLVED
@@ -50,9 +54,17 @@ def under_torchrun() -> bool:
 
 
 def worker_threads() -> int:
-    """torch threads per worker: the cores this process may use, shared by the workers of this machine."""
+    """torch threads per worker: the cores this process may use, shared by the workers of this machine, and in
+    a SLURM job no more than it gave each task (hydra.launcher.cpus_per_task; else the node's CPUs of the job
+    shared by its tasks there), for clusters that do not bind tasks to their CPUs."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    threads = cores // local
+    if os.environ.get("SLURM_CPUS_PER_TASK", "").isdigit():
+        threads = min(threads, int(os.environ["SLURM_CPUS_PER_TASK"]))
+    elif os.environ.get("SLURM_CPUS_ON_NODE", "").isdigit():
+        threads = min(threads, int(os.environ["SLURM_CPUS_ON_NODE"]) // local)
+    return max(1, threads)
 
 
 # ------------------------------------------------------------------------------------- parallel.nproc=N
@@ -290,22 +302,102 @@ def in_submitit_task() -> bool:
     return submitit.JobEnvironment().num_tasks > 1
 
 
-def join_submitit_job() -> int:
-    """Set the env:// rendezvous variables torch.distributed reads from submitit's view of the job, and return
+MASTER_ADDR_ENV = "CURRYTRAIN_MASTER_ADDR"
+"""An address of a job's first node that the other nodes reach, for clusters whose node names do not resolve
+(or resolve to the wrong network): export it in the batch script, e.g. hydra.launcher.setup."""
+ROLL_CALL = "currytrain/rank"
+RECORD_KEY = "currytrain/record"
+_store: Any = None
+"""This job's TCPStore (rank 0 hosts it), kept for the life of the process: torch's env:// rendezvous shares
+it (same address and port, multi-tenant), and the other ranks learn through it that rank 0 went away."""
+
+
+def join_submitit_job(rendezvous_timeout: float) -> int:
+    """Set the env:// rendezvous variables torch.distributed reads from submitit's view of the job, check that
+    every rank can reach rank 0 within `rendezvous_timeout` seconds (parallel.rendezvous_timeout), and return
     this task's rank. Tasks of one job share its id, so the port (derived from it) agrees without talking."""
     import submitit
 
+    global _store
     job = submitit.JobEnvironment()
     port = 20000 + int.from_bytes(job.job_id.encode()[-8:].rjust(8, b"0"), "little") % 20000
+    master = master_address(job.hostnames[0], os.environ.get("SLURM_JOB_NODELIST", ""))
     os.environ.update(
         RANK=str(job.global_rank),
         WORLD_SIZE=str(job.num_tasks),
         LOCAL_RANK=str(job.local_rank),
         LOCAL_WORLD_SIZE=str(job.num_tasks // job.num_nodes),
-        MASTER_ADDR=job.hostnames[0],
+        MASTER_ADDR=master,
         MASTER_PORT=str(port),
     )
+    log.info(
+        "job %s: rank %d of %d (node %d of %d, %s); master %s:%d",
+        job.job_id,
+        job.global_rank,
+        job.num_tasks,
+        job.node,
+        job.num_nodes,
+        job.hostname,
+        master,
+        port,
+    )
+    _store = roll_call(master, port, job.global_rank, job.num_tasks, rendezvous_timeout)
     return job.global_rank
+
+
+def master_address(first_node: str, nodelist: str) -> str:
+    """Where rank 0 listens: the job's first node by name, else by the address slurm.conf gives it (NodeAddr,
+    from scontrol), or CURRYTRAIN_MASTER_ADDR when set. A ConfigError when none of them resolves here."""
+    explicit = os.environ.get(MASTER_ADDR_ENV)
+    if explicit:
+        if slurm.resolves(explicit):
+            return explicit
+        raise ConfigError(
+            f"{MASTER_ADDR_ENV}={explicit} does not resolve on {socket.gethostname()}: export an address of the job's first node there, or unset it"
+        )
+    if slurm.resolves(first_node):
+        return first_node
+    address = slurm.node_address(first_node)
+    if address and slurm.resolves(address):
+        log.info("the node name %s does not resolve here; using its NodeAddr %s (scontrol show node %s)", first_node, address, first_node)
+        return address
+    raise ConfigError(
+        f"the master address {first_node} (the first node of SLURM_JOB_NODELIST={nodelist or '?'}) does not resolve on "
+        f"{socket.gethostname()}, and scontrol gives no address for it: make the node names resolve on every node (DNS "
+        f"or /etc/hosts), or export {MASTER_ADDR_ENV}=<an address of that node> in the batch script (hydra.launcher.setup)"
+    )
+
+
+def roll_call(address: str, port: int, rank: int, world_size: int, timeout: float) -> Any:
+    """Every rank joins rank 0's TCPStore and waits until all `world_size` have; after `timeout` seconds a
+    RunFailed names the address, the ranks seen and the fix, instead of torch retrying for half an hour."""
+    import torch.distributed as dist
+
+    where, wait = f"{address}:{port}", timedelta(seconds=timeout)
+    fix = (
+        f"check that the job's nodes reach {where} (a firewall, or a node name that resolves to another network: "
+        f"export {MASTER_ADDR_ENV}), that every task started (each one's log under the multirun's .submitit/), "
+        f"or give slow starts more time with parallel.rendezvous_timeout"
+    )
+    try:
+        store = dist.TCPStore(address, port, is_master=rank == 0, timeout=wait, multi_tenant=True, wait_for_workers=False)
+    except Exception as error:  # DistNetworkError, a timeout, the port taken
+        reason = str(error).splitlines()[0].rstrip(".") if str(error) else type(error).__name__
+        raise RunFailed(
+            f"rank {rank} of {world_size} could not reach the rendezvous at {where} (rank 0) within parallel.rendezvous_timeout={timeout:g} s: {reason}. Fix: {fix}"
+        ) from None
+    store.set(f"{ROLL_CALL}/{rank}", socket.gethostname())
+    try:
+        store.wait([f"{ROLL_CALL}/{r}" for r in range(world_size)], wait)
+    except Exception as error:
+        seen = {r: store.get(f"{ROLL_CALL}/{r}").decode() for r in range(world_size) if store.check([f"{ROLL_CALL}/{r}"])}
+        missing = [r for r in range(world_size) if r not in seen]
+        ranks = ", ".join(f"{r} ({host})" for r, host in sorted(seen.items()))
+        raise RunFailed(
+            f"the rendezvous at {where} did not form within parallel.rendezvous_timeout={timeout:g} s: ranks seen {ranks or 'none'}; "
+            f"missing {missing} of {world_size} ({str(error).splitlines()[0]}). Fix: {fix}"
+        ) from None
+    return store
 
 
 def record_ready(run_dir: Path) -> Path:
@@ -320,11 +412,20 @@ def mark_record_ready(run_dir: Path) -> None:
     marker = record_ready(run_dir)
     marker.parent.mkdir(exist_ok=True)
     marker.touch()
+    if _store is not None:
+        _store.set(RECORD_KEY, str(run_dir))
 
 
 def wait_for_record(run_dir: Path) -> None:
-    import time
-
+    """A rank > 0: wait for rank 0's run record. Through the job's store, when rank 0's process ends first (its
+    config was rejected, it crashed) this rank learns it at once instead of after RUN_DIR_WAIT."""
+    if _store is not None:
+        try:
+            _store.wait([RECORD_KEY], RUN_DIR_WAIT)
+        except Exception as error:
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise RunFailed(f"rank 0 ended (or went silent) before it wrote the run record into {run_dir}: {reason}. Rank 0's log says why") from None
+        return
     marker, deadline = record_ready(run_dir), time.monotonic() + RUN_DIR_WAIT.total_seconds()
     while not marker.exists():
         if time.monotonic() > deadline:

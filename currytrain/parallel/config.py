@@ -65,10 +65,16 @@ class ParallelConfig:
     """Seconds without a heartbeat from any worker (parallel.nproc > 1) after which the launcher declares the run
     hung: it journals `worker_hung` naming the rank the others wait for, stops every worker and fails the run.
     0 turns it off. The default is torch's own collective timeout."""
+    rendezvous_timeout: float = 300.0
+    """Seconds the ranks of a SLURM job (hydra/launcher=slurm, one task per rank) wait for each other at start: a
+    master address that cannot be reached, or a rank that never starts, fails the job after this long, naming the
+    address and the ranks seen (instead of torch retrying for half an hour)."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
         problems = [] if node.nproc >= 1 else [f"{path}.nproc={node.nproc} must be >= 1: pass {path}.nproc=1 (or the number of workers to start)"]
+        if node.rendezvous_timeout <= 0:
+            problems.append(f"{path}.rendezvous_timeout={node.rendezvous_timeout} must be > 0: pass {path}.rendezvous_timeout=300 (seconds)")
         if node.hang_timeout < 0:
             problems.append(f"{path}.hang_timeout={node.hang_timeout} must be >= 0: pass {path}.hang_timeout=1800 (seconds; 0 turns the watch off)")
         if node.zero_stage not in ZERO_STAGES:

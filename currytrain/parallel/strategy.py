@@ -55,8 +55,10 @@ class Parallel:
         runtime: str = "torch",
         backend: str = "auto",
         hang_timeout: float = 1800.0,
+        rendezvous_timeout: float = 300.0,
     ):
-        """The fields of ParallelConfig (see there); hang_timeout is the launcher's (HangWatch), not used here."""
+        """The fields of ParallelConfig (see there); hang_timeout and rendezvous_timeout are the
+        launchers' (HangWatch, a SLURM job's roll call in currytrain.workers), not used here."""
         self.nproc = nproc
         self.degrees = {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "cp": cp, "tp": tp, "pp": pp, "ep": ep}
         self.pp_schedule, self.pp_split = pp_schedule, list(pp_split) if pp_split else None

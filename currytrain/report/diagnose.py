@@ -14,6 +14,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from currytrain.cluster import slurm
 from currytrain.report.runs import Run, load_run
 
 OOM_SIGNS = ("out of memory", "OutOfMemoryError", "MemoryError", "can't allocate memory", "DefaultCPUAllocator")
@@ -268,3 +269,61 @@ def find_first_nan_module(path: str | Path, max_steps: int) -> tuple[int, str] |
         for handle in handles:
             handle.remove()
     return None
+
+
+# ------------------------------------------------------------------------------ a multirun of SLURM jobs
+
+
+@dataclass
+class JobDiagnosis:
+    """One SLURM job of a multirun folder: its id, run folder and state, the end of a failed task's stderr,
+    and what `diagnose` finds in its run folder."""
+
+    job_id: str
+    label: str
+    run_folder: str
+    state: str
+    description: str
+    stderr: str | None
+    stderr_tail: list[str]
+    findings: list[Finding]
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "findings": [finding.as_dict() for finding in self.findings]}
+
+    def lines(self) -> list[str]:
+        lines = [f"job {self.job_id} ({self.label}, run folder {Path(self.run_folder).name}): {self.description}"]
+        if self.stderr_tail:
+            lines.append(f"  the end of {self.stderr}:")
+            lines += [f"    {line}" for line in self.stderr_tail]
+        lines += [f"  run: {finding.cause}: {finding.summary}" for finding in self.findings]
+        return lines
+
+
+def diagnose_jobs(folder: str | Path) -> list[JobDiagnosis]:
+    """The SLURM jobs of a multirun folder (the launcher's slurm_jobs.jsonl), with the controller's current
+    state of those it still knows. A job that did not complete shows the end of its failed task's stderr."""
+    folder = Path(folder).expanduser()
+    records = slurm.read_records(folder)
+    live = slurm.job_states(records) or {}
+    diagnoses = []
+    for job_id, record in records.items():
+        state = live.get(job_id)
+        known = state is not None and state.state != slurm.GONE
+        name, description = (state.state, state.describe()) if known else (record.state, record.description)
+        stderr, tail = None, []
+        if name != "COMPLETED" and name in slurm.TERMINAL:
+            stderr, tail = _failed_task_stderr(record.logs[::2])
+        run_dir = folder / str(record.job_num)
+        findings = [f for f in diagnose(run_dir) if f.cause != "ok"] if (run_dir / "journal.jsonl").is_file() else []
+        diagnoses.append(JobDiagnosis(job_id, record.label, str(run_dir), name, description, stderr, tail, findings))
+    return diagnoses
+
+
+def _failed_task_stderr(stderrs: list[str]) -> tuple[str | None, list[str]]:
+    """The stderr of the task that failed (the first whose end holds an error), else the first one not empty."""
+    tails = [(path, slurm.stderr_tail(Path(path))) for path in stderrs]
+    for path, tail in tails:
+        if any(sign in line for line in tail for sign in ("Error", "Traceback", "curryTrain:")):
+            return path, tail
+    return next(((path, tail) for path, tail in tails if tail), (None, []))

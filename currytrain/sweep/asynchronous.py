@@ -8,6 +8,7 @@ submitted one at a time to the executor the launcher would build for a batch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -19,16 +20,26 @@ POLL_S = 0.5
 
 
 def is_submitit(launcher: Any) -> bool:
-    try:
-        from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
-    except ImportError:
-        return False
-    return isinstance(launcher, BaseSubmititLauncher)
+    """A hydra-submitit-launcher launcher (its own, or curryTrain's slurm one built on it). By its class names:
+    Hydra's plugin scan executes the plugin's module again after curryTrain's launcher module imported it, so
+    the class objects differ and isinstance would not tell."""
+    return any(cls.__name__ == "BaseSubmititLauncher" for cls in type(launcher).__mro__)
+
+
+def slurm_launcher(launcher: Any) -> bool:
+    """A submitit launcher for SLURM (hydra/launcher=slurm, or the plugin's submitit_slurm): its jobs are
+    submitted and watched with currytrain.cluster.launcher's executor (squeue, no sacct)."""
+    return getattr(launcher, "_EXECUTOR", None) == "slurm"
 
 
 def build_executor(launcher: Any) -> Any:
     """The submitit executor with the launcher's parameters, as its launch() sets it up for a batch."""
     import submitit
+
+    if slurm_launcher(launcher):
+        from currytrain.cluster.launcher import build_executor as slurm_executor
+
+        return slurm_executor(launcher)
     from omegaconf import OmegaConf
 
     from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
@@ -44,12 +55,17 @@ def build_executor(launcher: Any) -> Any:
 
 
 class InFlight:
-    """Trials submitted as single submitit jobs; `finished()` returns those that ended, with their JobReturn."""
+    """Trials submitted as single submitit jobs; `finished()` returns those that ended, with their JobReturn.
+    On SLURM (hydra/launcher=slurm) the launcher's JobWatch shows each job's state as it changes and reads
+    the results of trials that run several tasks; sbatch refusing a trial's job is a ConfigError."""
 
     def __init__(self, launcher: Any):
+        from currytrain.cluster.launcher import JobWatch
+
         self.launcher = launcher
         self.executor = build_executor(launcher)
         self.jobs: dict[int, Any] = {}
+        self.watch = JobWatch(launcher.config.hydra.sweep.dir) if slurm_launcher(launcher) else None
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -58,14 +74,22 @@ class InFlight:
         from hydra.core.singleton import Singleton
 
         log.info("\t#%d : %s", number, " ".join(o for o in overrides if not o.startswith("++hydra.job.env_set")))
-        self.jobs[number] = self.executor.submit(self.launcher, list(overrides), "hydra.sweep.dir", number, f"job_id_for_{number}", Singleton.get_state())
+        from currytrain.cluster.launcher import sbatch_refusals
+
+        with sbatch_refusals() if self.watch else contextlib.nullcontext():
+            job = self.executor.submit(self.launcher, list(overrides), "hydra.sweep.dir", number, f"job_id_for_{number}", Singleton.get_state())
+        self.jobs[number] = job
+        if self.watch:
+            self.watch.add(job, number, f"trial {number}")
 
     def finished(self) -> list[tuple[int, Any]]:
         """Wait until at least one job ended; each as (trial number, JobReturn or the exception its job died of)."""
         while True:
-            done = [number for number, job in self.jobs.items() if job.done()]
+            if self.watch:
+                self.watch.poll()
+            done = [number for number, job in self.jobs.items() if (self.watch.done(job) if self.watch else job.done())]
             if done:
-                return [(number, _result(self.jobs.pop(number))) for number in done]
+                return [(number, self.watch.job_return(job) if self.watch else _result(job)) for number, job in ((n, self.jobs.pop(n)) for n in done)]
             time.sleep(POLL_S)
 
 

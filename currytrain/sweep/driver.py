@@ -398,7 +398,7 @@ class SweepLoop:
     def _run_async(self, study: Any) -> None:
         """submitit: n_jobs trials in flight; a new one starts as soon as one ends."""
         from currytrain.sweep.asynchronous import InFlight
-        from currytrain.sweep.study import counted
+        from currytrain.sweep.study import counted, tell
 
         target, running = self.target(), InFlight(self.launcher)
         log.info("asynchronous trials: up to %d in flight (%s launcher)", self.settings["n_jobs"], type(self.launcher).__name__)
@@ -406,7 +406,11 @@ class SweepLoop:
             while len(running) < self.settings["n_jobs"] and counted(study) < target:
                 self._stop_on_failures(study)
                 trial, overrides = self.ask(study)
-                running.submit(trial.number, overrides)
+                try:
+                    running.submit(trial.number, overrides)
+                except ConfigError as refused:  # sbatch refused the job: the trial never ran
+                    tell(study, trial.number, Outcome("FAIL", reason=str(refused)))
+                    raise
             for number, job_return in running.finished():
                 self._stop_on_config_error([self._record(study, number, job_return)])
                 self.failure_rate.check()

@@ -125,12 +125,13 @@ def outcome_of(job_return: Any, run_dir: Path, objectives: Sequence[str], *, fro
     (from_journal: a curryTrain run) or returned (a plain Hydra app, one value per direction)."""
     from hydra.core.utils import JobStatus
 
-    from currytrain.errors import Pruned
+    from currytrain.errors import PastHydra, Pruned
 
     if isinstance(job_return, BaseException):  # the job's process died (submitit says why)
         return Outcome("FAIL", reason=f"the job died: {type(job_return).__name__}: {' '.join(str(job_return).split())[:500]}")
     if job_return.status == JobStatus.FAILED:
         error = job_return._return_value
+        error = error.error if isinstance(error, PastHydra) else error  # a SLURM job's outcome, as the launcher relays it
         if isinstance(error, Pruned):
             return Outcome("PRUNED", reason=str(error))
         return Outcome("FAIL", reason=f"{type(error).__name__}: {' '.join(str(error).split())}")

@@ -39,7 +39,7 @@ class TrainerConfig:
     checkpoint_every: int = 0
     """Save a checkpoint every this many steps; 0 saves only at the end."""
     checkpoint_on_signal: bool = True
-    """On Ctrl-C, SIGTERM or SIGUSR1 (a single-process run), finish the step, save a checkpoint, then stop
+    """On Ctrl-C, SIGTERM, SIGUSR1 or SIGUSR2 (SLURM's warnings), finish the step, save a checkpoint, then stop
     (exit 128 + the signal's number); trainer.resume=auto continues from it. False stops without saving."""
     keep_last: int = 2
     """Complete checkpoints kept in <run>/checkpoints; older ones are deleted."""

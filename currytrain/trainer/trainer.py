@@ -29,7 +29,7 @@ from currytrain.trainer.config import TrainerConfig
 from currytrain.trainer.heartbeat import Heartbeat
 from currytrain.trainer.hooks import Action, Decision, StepHook, decide
 from currytrain.trainer.progress import Progress
-from currytrain.trainer.signals import STOP_SIGNALS, WORKER_SIGNALS, StopSignals, stop_file_signal
+from currytrain.trainer.signals import StopSignals, handled_signals, stop_file_signal
 from currytrain.trainer.step import DeviceStep, accumulated_step, fetch_steps
 from currytrain.weights import checkpoint_candidates, checkpoint_problem
 
@@ -119,7 +119,7 @@ class Trainer:
         log.info("model: %.2fM parameters on %s; %d tokens per step", num_params / 1e6, self.state.device, self.tokens_per_step)
         started = self.fetched_at = time.perf_counter()
         progress = Progress(self.cfg.max_steps, self.step, enabled=self.cfg.progress and self.state.is_main)
-        with progress, self.stop_signals.installed(STOP_SIGNALS if self.state.world_size == 1 else WORKER_SIGNALS):
+        with progress, self.stop_signals.installed(handled_signals(self.state.world_size)):
             while self.step < self.cfg.max_steps:
                 metrics = self.train_step()
                 progress.update(self.step, metrics["train/loss"], metrics["train/tokens_per_s"])
