@@ -149,6 +149,7 @@ def test_a_run_trains_with_selective_op_ac(run_launch, tmp_path):
     assert finish and finish[0]["step"] == 6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["gqa", "moe", "spiking"])
 def test_every_decoder_family_gets_the_same_gradients_under_ac(family, compose_cfg):
     """parallelize_decoder relies only on model.layers, so each family's gradients (auxiliary losses included) hold."""

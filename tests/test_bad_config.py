@@ -101,6 +101,7 @@ def test_a_corpus_too_short_for_one_sequence_is_rejected_before_anything_is_writ
     assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_resuming_into_a_different_model_names_the_overrides(tmp_path):
     first = launch("trainer.max_steps=2", "optimizer.schedule.warmup_steps=1", f"hydra.run.dir={tmp_path / 'a'}")
     assert first.returncode == 0, first.stderr

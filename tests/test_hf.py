@@ -583,6 +583,7 @@ def test_run_folder_exports_to_transformers(tmp_path):
     assert json.loads((tmp_path / "exported" / "config.json").read_text())["dtype"] == "bfloat16"
 
 
+@pytest.mark.slow
 def test_training_starts_from_imported_weights(tmp_path):
     """trainer.init_from=<import>: a config that does not match names every override; one that does loads the weights."""
     make_hf_model("LlamaForCausalLM").save_pretrained(tmp_path / "hf")
@@ -832,6 +833,7 @@ def text_data(tmp_path_factory):
 FINETUNED = ["Gemma2ForCausalLM", "Olmo2ForCausalLM", "phi3-128k-shaped", "DeepseekV3ForCausalLM"]
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 @pytest.mark.parametrize("case", FINETUNED)
 def test_a_finetuned_import_exports_to_transformers_which_generates_from_it(case, text_data, tmp_path):

@@ -77,6 +77,7 @@ def test_tensorboard_logger_writes_histograms_and_text(tmp_path):
     assert "note/text_summary" in events.Tags()["tensors"]
 
 
+@pytest.mark.slow
 def test_mlflow_store_holds_metrics_params_tags_and_status(tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -95,6 +96,7 @@ def test_mlflow_store_holds_metrics_params_tags_and_status(tmp_path):
     assert run.info.status == "FINISHED" and run.info.run_name == "run"
 
 
+@pytest.mark.slow
 def test_a_failed_run_is_marked_failed_in_mlflow(tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -128,6 +130,7 @@ def _wandb_history(run_dir: Path) -> dict[int, dict]:
     return rows
 
 
+@pytest.mark.slow
 def test_wandb_offline_files_hold_the_curves(tmp_path):
     run_dir = _run(tmp_path, "wandb")
     history = _wandb_history(run_dir)

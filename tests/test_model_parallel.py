@@ -270,6 +270,7 @@ ADVISED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("args", "offered", "refused"), ADVISED.values(), ids=list(ADVISED))
 def test_advisor_offers_only_layouts_validation_accepts(capsys, args, offered, refused):
     """Every layout `currytrain advise --json` lists composes, with the overrides it prints, into a config validation

@@ -95,6 +95,7 @@ def test_loggers_close_when_the_run_fails(compose_cfg, tmp_path, one_thread):
     assert (str(tmp_path), "failed") in CrashingLogger.closed
 
 
+@pytest.mark.slow
 def test_each_rank_checkpoints_its_own_rng_and_a_missing_one_is_left_alone(compose_cfg, tmp_path, one_thread):
     trainer = _trainer(compose_cfg, tmp_path, "trainer.max_steps=2", "optimizer.schedule.warmup_steps=1")
     trainer.train()

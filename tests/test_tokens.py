@@ -114,6 +114,7 @@ def test_bad_configs_exit_2_before_anything_is_written(tokenizer, tmp_path):
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_import_finetune_on_text_and_export(tokenizer, tmp_path):
     """An HF model with its tokenizer: import, run the experiment the import wrote on local text for 20 steps
