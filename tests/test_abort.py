@@ -84,6 +84,7 @@ def test_with_action_stop_a_nan_batch_aborts_the_run(compose_cfg, tmp_path, one_
         train()
 
 
+@pytest.mark.slow
 def test_the_default_abort_stops_a_diverged_run_with_exit_code_4(tmp_path):
     result = launch("model.init_std=1e38", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 4, result.stderr[-2000:]

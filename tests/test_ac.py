@@ -141,6 +141,7 @@ def test_bad_ac_settings_are_reported_with_key_and_fix(compose_cfg):
     assert validate(compose_cfg("model.ac=selective", "model.ac_policy=op")) == []
 
 
+@pytest.mark.slow
 def test_a_run_trains_with_selective_op_ac(run_launch, tmp_path):
     result = run_launch("model.ac=selective", "model.ac_policy=op", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-2000:]

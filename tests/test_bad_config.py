@@ -132,6 +132,7 @@ def test_all_problems_are_reported_at_once(tmp_path):
         assert f"  - {key}=" in result.stderr
 
 
+@pytest.mark.slow
 def test_existing_checkpoints_are_never_trained_over(tmp_path):
     run_dir = tmp_path / "run"
     first = launch("trainer.max_steps=2", "optimizer.schedule.warmup_steps=1", f"hydra.run.dir={run_dir}")
@@ -217,6 +218,7 @@ def test_build_refuses_targets_outside_the_allowed_modules_nested_ones_included(
         build(OmegaConf.create(nested))
 
 
+@pytest.mark.slow
 def test_build_allow_extends_the_allowed_modules_for_one_run(compose_cfg):
     from currytrain.validate import validate
 

@@ -716,6 +716,7 @@ def test_import_writes_a_finetune_experiment_naming_the_model_option(tmp_path):
     assert "data.tokenizer=" in text  # this import has no tokenizer.json: the file says what to pass
 
 
+@pytest.mark.slow
 def test_init_from_accepts_a_shorter_context(tmp_path, compose_cfg):
     """max_seq_len only sizes the RoPE tables: a config may train an import at a shorter context."""
     from currytrain.validate import validate

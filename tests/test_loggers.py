@@ -27,6 +27,7 @@ def _run(tmp_path: Path, loggers: str, *overrides: str) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_tensorboard_holds_the_curves_the_config_and_histograms(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

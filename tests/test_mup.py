@@ -141,6 +141,7 @@ def _spread(sizes: list[float]) -> float:
     return max(sizes) / min(sizes)
 
 
+@pytest.mark.slow
 def test_coordinate_check_activations_are_width_invariant_under_mup():
     standard = _activation_sizes_after_training(mup=False)
     mup = _activation_sizes_after_training(mup=True)

@@ -67,6 +67,7 @@ def step_that_never_updates(parts, batch) -> StepResult:
     return StepResult(loss, 0.0, False, batch[1].numel())
 
 
+@pytest.mark.slow
 def test_lr_range_sweeps_up_to_divergence_suggests_an_lr_and_restores_the_weights(context):
     ctx = context()
     parts = ctx.build()
@@ -353,6 +354,7 @@ def test_probe_copy_is_solved_with_attention_and_near_chance_without(attention, 
     assert event["accuracy"] == score and (ctx.run_dir / "probe" / "copy" / "resolved.yaml").is_file()
 
 
+@pytest.mark.slow
 def test_probe_induction_stays_near_chance_without_attention(context, monkeypatch):
     """The task has no shortcut: a model that cannot read other positions cannot tell what followed the key."""
     _attention_removed(monkeypatch)

@@ -89,6 +89,7 @@ def test_a_killed_run_is_diagnosed_and_the_cli_prints_json(tmp_path):
     assert finding["cause"] == "killed" and "trainer.resume=auto" in finding["fix"]
 
 
+@pytest.mark.slow
 def test_journal_prints_a_timeline_and_a_healthy_run_is_ok(tmp_path):
     launch(f"hydra.run.dir={tmp_path}")
     assert _causes(tmp_path) == ["ok"]

@@ -102,6 +102,7 @@ def test_paragraph_documents_and_bad_inputs(tokenizer, tmp_path):
         corpus(tokenizer, write_corpus(tmp_path / "text"), tmp_path / "cache", eos_token="<nope>")
 
 
+@pytest.mark.slow
 def test_bad_configs_exit_2_before_anything_is_written(tokenizer, tmp_path):
     text = write_corpus(tmp_path / "text")
     common = ["data=tokens", f"data.paths=[{text}]", f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}"]
