@@ -64,6 +64,7 @@ LONGER = ["trainer.max_steps=30", "trainer.eval_every=10", "trainer.eval_batches
 POISON = ["model._target_=tests.faulty.PoisonedGQA", "+model.poison_at=14", "build.allow=[tests]"]
 
 
+@pytest.mark.slow
 def test_a_nan_batch_is_rolled_back_and_the_run_ends_where_a_clean_one_does(compose_cfg, tmp_path, one_thread):
     clean = {seed: _run(compose_cfg, tmp_path / f"clean{seed}", *LONGER, f"seed={seed}")[1]() for seed in (0, 1)}
     trainer, train = _run(compose_cfg, tmp_path / "poisoned", *LONGER, *POISON, "abort=strict", "trainer.checkpoint_every=5")
@@ -83,6 +84,7 @@ def test_with_action_stop_a_nan_batch_aborts_the_run(compose_cfg, tmp_path, one_
         train()
 
 
+@pytest.mark.slow
 def test_the_default_abort_stops_a_diverged_run_with_exit_code_4(tmp_path):
     result = launch("model.init_std=1e38", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 4, result.stderr[-2000:]

@@ -141,6 +141,7 @@ def test_bad_ac_settings_are_reported_with_key_and_fix(compose_cfg):
     assert validate(compose_cfg("model.ac=selective", "model.ac_policy=op")) == []
 
 
+@pytest.mark.slow
 def test_a_run_trains_with_selective_op_ac(run_launch, tmp_path):
     result = run_launch("model.ac=selective", "model.ac_policy=op", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -149,6 +150,7 @@ def test_a_run_trains_with_selective_op_ac(run_launch, tmp_path):
     assert finish and finish[0]["step"] == 6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["gqa", "moe", "spiking"])
 def test_every_decoder_family_gets_the_same_gradients_under_ac(family, compose_cfg):
     """parallelize_decoder relies only on model.layers, so each family's gradients (auxiliary losses included) hold."""

@@ -101,6 +101,7 @@ def test_a_corpus_too_short_for_one_sequence_is_rejected_before_anything_is_writ
     assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_resuming_into_a_different_model_names_the_overrides(tmp_path):
     first = launch("trainer.max_steps=2", "optimizer.schedule.warmup_steps=1", f"hydra.run.dir={tmp_path / 'a'}")
     assert first.returncode == 0, first.stderr
@@ -131,6 +132,7 @@ def test_all_problems_are_reported_at_once(tmp_path):
         assert f"  - {key}=" in result.stderr
 
 
+@pytest.mark.slow
 def test_existing_checkpoints_are_never_trained_over(tmp_path):
     run_dir = tmp_path / "run"
     first = launch("trainer.max_steps=2", "optimizer.schedule.warmup_steps=1", f"hydra.run.dir={run_dir}")
@@ -216,6 +218,7 @@ def test_build_refuses_targets_outside_the_allowed_modules_nested_ones_included(
         build(OmegaConf.create(nested))
 
 
+@pytest.mark.slow
 def test_build_allow_extends_the_allowed_modules_for_one_run(compose_cfg):
     from currytrain.validate import validate
 

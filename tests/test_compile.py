@@ -60,6 +60,7 @@ class Recorder:
         return CONTINUE
 
 
+@pytest.mark.slow
 def test_fetching_only_at_log_steps_shows_every_step_to_the_hooks(compose_cfg, tmp_path):
     """log_every=3 reads steps 2-3 and 4-6 back together; the hooks still see each step, with the same values
     as a run that reads every step back."""

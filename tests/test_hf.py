@@ -583,6 +583,7 @@ def test_run_folder_exports_to_transformers(tmp_path):
     assert json.loads((tmp_path / "exported" / "config.json").read_text())["dtype"] == "bfloat16"
 
 
+@pytest.mark.slow
 def test_training_starts_from_imported_weights(tmp_path):
     """trainer.init_from=<import>: a config that does not match names every override; one that does loads the weights."""
     make_hf_model("LlamaForCausalLM").save_pretrained(tmp_path / "hf")
@@ -715,6 +716,7 @@ def test_import_writes_a_finetune_experiment_naming_the_model_option(tmp_path):
     assert "data.tokenizer=" in text  # this import has no tokenizer.json: the file says what to pass
 
 
+@pytest.mark.slow
 def test_init_from_accepts_a_shorter_context(tmp_path, compose_cfg):
     """max_seq_len only sizes the RoPE tables: a config may train an import at a shorter context."""
     from currytrain.validate import validate
@@ -832,6 +834,7 @@ def text_data(tmp_path_factory):
 FINETUNED = ["Gemma2ForCausalLM", "Olmo2ForCausalLM", "phi3-128k-shaped", "DeepseekV3ForCausalLM"]
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 @pytest.mark.parametrize("case", FINETUNED)
 def test_a_finetuned_import_exports_to_transformers_which_generates_from_it(case, text_data, tmp_path):

@@ -59,6 +59,7 @@ def _caught(result, name, *words):
 # ------------------------------------------------------------------------------------------------- the zoo
 
 
+@pytest.mark.slow
 def test_double_softmax_is_caught_by_skeleton_and_by_overfitting(built):
     parts, ctx = built()
     ladder_zoo.double_softmax(parts)
@@ -112,6 +113,7 @@ def test_detached_block_cuts_the_gradient(built):
     _caught(_preflight(parts, ctx), "gradient flow", "no gradient reaches", "layers.0")
 
 
+@pytest.mark.slow
 def test_init_scale_x100_is_caught_by_the_init_loss(built):
     parts, ctx = built("model.init_std=2.0")
     result = Sanity(overfit_steps=1, stats_steps=1).assess(parts, ctx)
@@ -141,6 +143,7 @@ def test_val_split_that_repeats_train_is_caught(built):
 # ---------------------------------------------------------------------------------------- healthy families
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["gqa", "moe", "spiking"])
 def test_healthy_families_pass_every_gate(model, compose_cfg, tmp_path, one_thread):
     cfg = compose_cfg(f"model={model}", "check=sanity", SMALL_DATA, "model.n_layers=2", "logger=[jsonl]")
@@ -168,6 +171,7 @@ def test_the_ladder_stops_at_the_first_failed_gate(compose_cfg, tmp_path, one_th
     assert "| sanity | not run (an earlier gate failed) |" in report and "## preflight: failed" in report
 
 
+@pytest.mark.slow
 def test_a_user_stage_plugs_in_from_config(compose_cfg, tmp_path, one_thread):
     overrides = ("check=skeleton", SMALL_DATA, "build.allow=[tests]", "+check.stages.count={_target_:tests.ladder_zoo.CountingStage,minimum:10}")
     cfg = compose_cfg(*overrides, "logger=[jsonl]")
@@ -216,6 +220,7 @@ def test_launch_check_sanity_writes_report_figures_journal_and_histograms(tmp_pa
     assert texts == ["check/skeleton", "check/preflight", "check/sanity"]
 
 
+@pytest.mark.slow
 def test_launch_a_failed_gate_exits_3_and_is_journaled(tmp_path):
     run_dir = tmp_path / "run"
     result = launch("check=preflight", SMALL_DATA, "optimizer.lr=3000", f"hydra.run.dir={run_dir}")

@@ -43,6 +43,7 @@ def _run(tmp_path: Path, loggers: str, *overrides: str) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_tensorboard_holds_the_curves_the_config_and_histograms(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -93,6 +94,7 @@ def test_tensorboard_logger_writes_histograms_and_text(tmp_path):
     assert "note/text_summary" in events.Tags()["tensors"]
 
 
+@pytest.mark.slow
 def test_mlflow_store_holds_metrics_params_tags_status_and_the_model(tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -119,6 +121,7 @@ def test_mlflow_store_holds_metrics_params_tags_status_and_the_model(tmp_path):
     assert {a.path for a in client.list_logged_model_artifacts(model.model_id, "checkpoint")} == {f"checkpoint/{p.name}" for p in step_dir.iterdir()}
 
 
+@pytest.mark.slow
 def test_a_failed_run_is_marked_failed_in_mlflow(tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -160,6 +163,7 @@ def _wandb_history(run_dir: Path) -> dict[int, dict]:
     return rows
 
 
+@pytest.mark.slow
 def test_wandb_offline_files_hold_the_curves(tmp_path):
     run_dir = _run(tmp_path, "wandb")
     history = _wandb_history(run_dir)

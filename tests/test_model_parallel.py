@@ -248,6 +248,7 @@ def test_advisor_predicts_the_measured_state_bytes_per_rank(tp_runs, compose_cfg
         assert abs(state - measured) <= 0.2 * measured, f"{name}: predicted {state} bytes of state per rank, measured {measured}"
 
 
+@pytest.mark.slow
 def test_advise_command_prints_a_table_and_json(capsys):
     from currytrain.cli import main
 
@@ -270,6 +271,7 @@ ADVISED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("args", "offered", "refused"), ADVISED.values(), ids=list(ADVISED))
 def test_advisor_offers_only_layouts_validation_accepts(capsys, args, offered, refused):
     """Every layout `currytrain advise --json` lists composes, with the overrides it prints, into a config validation

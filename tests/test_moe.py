@@ -274,6 +274,7 @@ def test_parameter_layout_is_the_one_the_hf_bridge_maps(compose_cfg):
     assert {name: tuple(t.shape) for name, t in model.state_dict().items()} == expected
 
 
+@pytest.mark.slow
 def test_launch_model_moe_trains_and_logs_moe_metrics(run_launch, tmp_path):
     run_dir = tmp_path / "run"
     result = run_launch(

@@ -141,6 +141,7 @@ def _spread(sizes: list[float]) -> float:
     return max(sizes) / min(sizes)
 
 
+@pytest.mark.slow
 def test_coordinate_check_activations_are_width_invariant_under_mup():
     standard = _activation_sizes_after_training(mup=False)
     mup = _activation_sizes_after_training(mup=True)
@@ -152,6 +153,7 @@ def test_coordinate_check_activations_are_width_invariant_under_mup():
     assert _spread(standard["logits"]) > 3 and _spread(mup["logits"]) < 2, (standard, mup)
 
 
+@pytest.mark.slow
 def test_bad_mup_settings_are_reported_with_key_and_fix(compose_cfg):
     problems = validate(compose_cfg("model.mup=true", "model.mup_base_width=0"))
     assert any("model.mup_base_width=0 must be >= 1" in p and "model.mup_base_width=32" in p for p in problems), problems
@@ -167,6 +169,7 @@ def test_sgd_refuses_a_mup_model():
         build_sgd(model, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["gqa", "moe", "spiking"])
 def test_every_decoder_family_implements_mup(family, compose_cfg):
     """At its base width a muP model is the standard one; wider, every matrix inside the blocks trains at

@@ -29,6 +29,7 @@ def test_a_bad_value_fails_its_own_multirun_job_and_the_other_job_still_runs(tmp
     assert not (bad / "journal.jsonl").exists() or not _events(bad, "finish")
 
 
+@pytest.mark.slow
 def test_a_crash_is_journaled_with_its_traceback_and_exits_1(tmp_path):
     run_dir = tmp_path / "run"
     result = launch("build.allow=[tests]", "+logger.crash={_target_:tests.faulty.CrashingLogger,fail_at:3}", f"hydra.run.dir={run_dir}")
@@ -39,6 +40,7 @@ def test_a_crash_is_journaled_with_its_traceback_and_exits_1(tmp_path):
     assert not _events(run_dir, "finish")
 
 
+@pytest.mark.slow
 def test_a_final_val_loss_that_is_not_finite_fails_the_run(tmp_path):
     run_dir = tmp_path / "run"
     result = launch("model.init_std=1e38", "abort=none", f"hydra.run.dir={run_dir}")
@@ -95,6 +97,7 @@ def test_loggers_close_when_the_run_fails(compose_cfg, tmp_path, one_thread):
     assert (str(tmp_path), "failed") in CrashingLogger.closed
 
 
+@pytest.mark.slow
 def test_each_rank_checkpoints_its_own_rng_and_a_missing_one_is_left_alone(compose_cfg, tmp_path, one_thread):
     trainer = _trainer(compose_cfg, tmp_path, "trainer.max_steps=2", "optimizer.schedule.warmup_steps=1")
     trainer.train()

@@ -216,6 +216,7 @@ def _events(run_dir: Path) -> list[dict]:
     return read_journal(path) if path.exists() else []
 
 
+@pytest.mark.slow
 def test_config_error_inside_a_worker_exits_2(tmp_path):
     run_dir = tmp_path / "run"
     result = launch("parallel=ddp", "build.allow=[tests]", "+logger.reject={_target_:tests.faulty.RejectingLogger}", f"hydra.run.dir={run_dir}")

@@ -103,6 +103,7 @@ def test_table_batches_are_a_pure_function_and_ranks_slice_the_global_batch(comp
     assert torch.allclose(data.x["train"].mean(0), torch.zeros(3), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_bad_tables_are_refused_by_validation_naming_the_key(compose_cfg, table, tmp_path):
     base = ("model=mlp", "~model/size", "data=table")
     missing = validate(compose_cfg(*base, f"data.path={table}", "data.target=outcome", "data.split=grouped", tiny=False))
@@ -122,6 +123,7 @@ def digits_run(tmp_path_factory):
     return result, run_dir
 
 
+@pytest.mark.slow
 def test_the_digits_experiment_trains_an_mlp_to_90_percent_val_accuracy(digits_run):
     result, run_dir = digits_run
     assert result.returncode == 0, result.stderr[-3000:]
@@ -131,6 +133,7 @@ def test_the_digits_experiment_trains_an_mlp_to_90_percent_val_accuracy(digits_r
     assert "currytrain.model.mlp.MLPClassifier" in resolved and "currytrain.data.tabular.Digits" in resolved
 
 
+@pytest.mark.slow
 def test_the_ladder_climbs_for_a_table_and_preflight_reports_its_leakage_checks(tmp_path, one_thread):
     """check=sanity on experiment=digits: skeleton (rows, not token windows), preflight (with the split's
     leakage checks) and sanity (init loss ln 10, overfit one batch) all pass: exit 0."""

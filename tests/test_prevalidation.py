@@ -67,6 +67,7 @@ def step_that_never_updates(parts, batch) -> StepResult:
     return StepResult(loss, 0.0, False, batch[1].numel())
 
 
+@pytest.mark.slow
 def test_lr_range_sweeps_up_to_divergence_suggests_an_lr_and_restores_the_weights(context):
     ctx = context()
     parts = ctx.build()
@@ -86,6 +87,7 @@ def test_lr_range_sweeps_up_to_divergence_suggests_an_lr_and_restores_the_weight
     assert configured.name == "configured lr" and configured.status is (Status.PASSED if 1 / 3 <= 3e-3 / suggested <= 3 else Status.WARNING)
 
 
+@pytest.mark.slow
 def test_lr_range_that_never_diverges_warns_and_a_model_that_cannot_learn_fails(context):
     ctx = context()
     short = LRRange(min_lr=1e-5, max_lr=1e-4, steps=10, batch_size=2).assess(ctx.build(), ctx)
@@ -103,6 +105,7 @@ def test_lr_range_that_never_diverges_warns_and_a_model_that_cannot_learn_fails(
 MUP_WIDTHS = [32, 64, 128]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mup", [True, False])
 def test_mup_coordinate_check_passes_with_mup_and_fails_the_standard_parameterisation(mup, context):
     ctx = context(f"model.mup={str(mup).lower()}", "model.mup_base_width=32", "model.n_layers=2")
@@ -127,6 +130,7 @@ def test_mup_coordinate_check_passes_with_mup_and_fails_the_standard_parameteris
 # ----------------------------------------------------------------------------------------- seeds, ablation
 
 
+@pytest.mark.slow
 def test_seeds_are_run_folders_that_compare_reads_and_their_statistics_hold(context):
     ctx = context()
     stage = Seeds(seeds=3, max_steps=4)
@@ -153,6 +157,7 @@ def test_seeds_are_run_folders_that_compare_reads_and_their_statistics_hold(cont
     assert len(found.groups) == 1 and found.groups[0].std == pytest.approx(std) and found.report == ctx.run_dir / "seeds" / "compare" / "report.md"
 
 
+@pytest.mark.slow
 def test_ablation_tells_a_real_fix_from_a_no_op(context):
     ctx = context()
     fix = Ablation(idea=["optimizer.lr=0.01"], baseline=["optimizer.lr=1e-5"], seeds=2, max_steps=6)
@@ -171,6 +176,7 @@ def test_ablation_tells_a_real_fix_from_a_no_op(context):
     assert skipped.status is Status.PASSED and "skipped" in skipped.observed
 
 
+@pytest.mark.slow
 def test_ablation_idea_chooses_another_option_or_an_experiment_composed_over_the_run(context, compose_cfg):
     ctx = context()
     stage = Ablation(idea=["model=moe", "model.num_experts=2"], seeds=2, max_steps=2)
@@ -208,6 +214,7 @@ def test_scaling_fit_recovers_a_known_exponent_with_an_interval_that_covers_it()
     assert low <= truth <= high and high - low < 0.1
 
 
+@pytest.mark.slow
 def test_a_measured_seed_noise_widens_the_held_out_interval_toward_its_stated_coverage():
     """Four sizes and three parameters leave one residual degree of freedom: by luck the residuals can say the
     noise is nearly zero, and the held-out size then falls outside. The stage's geometry (fit four sizes, predict
@@ -225,6 +232,7 @@ def test_a_measured_seed_noise_widens_the_held_out_interval_toward_its_stated_co
     assert inside[seed_std] >= 26 and inside[seed_std] - inside[0.0] >= 5, inside
 
 
+@pytest.mark.slow
 def test_scaling_stage_fits_sizes_and_judges_the_held_out_one(context):
     ctx = context()
     stage = Scaling(widths=[8, 16, 24, 32, 48], max_steps=8, bootstrap=50, target_params=10**6)
@@ -274,6 +282,7 @@ def test_saturation_is_the_smallest_model_no_larger_one_beats_by_min_gain():
     assert capacity_finding(shapes, _runs([3.0, 2.5, 2.2, 2.19, 2.2]), 0.02).observed.startswith("saturates at dim_32_layers_2")
 
 
+@pytest.mark.slow
 def test_capacity_spends_one_compute_budget_on_every_shape(context):
     ctx = context()
     stage = Capacity(widths=[16, 32], depths=[1, 2], budget_steps=4, min_steps=2)
@@ -328,6 +337,7 @@ def _attention_removed(monkeypatch):
     monkeypatch.setattr(Attention, "forward", lambda self, x, cos, sin: torch.zeros_like(x))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", [True, False])
 def test_probe_copy_is_solved_with_attention_and_near_chance_without(attention, context, monkeypatch):
     if not attention:
@@ -344,6 +354,7 @@ def test_probe_copy_is_solved_with_attention_and_near_chance_without(attention, 
     assert event["accuracy"] == score and (ctx.run_dir / "probe" / "copy" / "resolved.yaml").is_file()
 
 
+@pytest.mark.slow
 def test_probe_induction_stays_near_chance_without_attention(context, monkeypatch):
     """The task has no shortcut: a model that cannot read other positions cannot tell what followed the key."""
     _attention_removed(monkeypatch)
@@ -358,6 +369,7 @@ def test_probe_induction_stays_near_chance_without_attention(context, monkeypatc
 # ----------------------------------------------------------------------------------------------- configs
 
 
+@pytest.mark.slow
 def test_check_ladder_climbs_every_stage_in_order(compose_cfg):
     cfg = compose_cfg("check=ladder")
     assert list(cfg.check.stages) == ["skeleton", "preflight", "sanity", "lr_range", "mup", "seeds", "ablation", "probe", "capacity", "scaling"]

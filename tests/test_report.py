@@ -33,6 +33,7 @@ def _causes(run_dir) -> list[str]:
     return [finding.cause for finding in diagnose(run_dir)]
 
 
+@pytest.mark.slow
 def test_huge_lr_is_diagnosed_as_nan_with_the_step_and_the_lr(tmp_path):
     launch("optimizer.lr=1e6", "abort=none", "trainer.max_steps=8", f"hydra.run.dir={tmp_path}")
     (finding, *_) = diagnose(tmp_path)
@@ -65,6 +66,7 @@ def test_a_stalled_step_is_diagnosed_with_where_it_happened(compose_cfg, tmp_pat
     assert stall and stall[0].step == 8 and "stalled for 2." in stall[0].summary
 
 
+@pytest.mark.slow
 def test_a_rising_val_loss_is_diagnosed_as_divergence(tmp_path):
     overrides = ["trainer.max_steps=40", "trainer.eval_every=5", "optimizer.lr=3.0", "optimizer.schedule.warmup_steps=39", "abort=none"]
     result = launch(*overrides, f"hydra.run.dir={tmp_path}")
@@ -87,6 +89,7 @@ def test_a_killed_run_is_diagnosed_and_the_cli_prints_json(tmp_path):
     assert finding["cause"] == "killed" and "trainer.resume=auto" in finding["fix"]
 
 
+@pytest.mark.slow
 def test_journal_prints_a_timeline_and_a_healthy_run_is_ok(tmp_path):
     launch(f"hydra.run.dir={tmp_path}")
     assert _causes(tmp_path) == ["ok"]
@@ -114,6 +117,7 @@ def _six(folder) -> list[str]:
     return [str(folder / f"{name}{seed}") for name in ("good", "bad") for seed in range(3)]
 
 
+@pytest.mark.slow
 def test_six_run_folders_group_by_config_pair_by_seed_and_report_beside_the_runs(six_runs, tmp_path):
     result = cli("compare", *_six(six_runs), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -128,6 +132,7 @@ def test_six_run_folders_group_by_config_pair_by_seed_and_report_beside_the_runs
     assert wilcoxon.verdicts[0].word == "inconclusive" and wilcoxon.verdicts[0].p == 0.25, "3 pairs: the exact signed-rank p is at least 1/4"
 
 
+@pytest.mark.slow
 def test_unshared_seeds_of_a_near_identical_config_are_welch_and_inconclusive(six_runs, tmp_path, one_thread):
     for seed in range(3, 6):
         _train(tmp_path / f"near{seed}", f"seed={seed}", "optimizer.lr=0.00301")

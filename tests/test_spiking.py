@@ -147,6 +147,7 @@ def test_every_parameter_gets_a_gradient():
         assert param.grad is not None and param.grad.abs().sum() > 0, name
 
 
+@pytest.mark.slow
 def test_config_builds_the_model_and_validation_names_each_bad_field(compose_cfg):
     from currytrain.validate import validate
 

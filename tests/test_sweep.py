@@ -229,6 +229,7 @@ def test_in_a_two_worker_trial_rank_0_decides_and_every_rank_prunes(tmp_path):
     assert study.trials[second.number].intermediate_values == {2: 0.95, 4: 5.0}  # reported once, by rank 0
 
 
+@pytest.mark.slow
 def test_sweep_runner_with_a_hydra_optuna_sweeper_config(hydra_sweep_runner: TSweepRunner, tmp_path):
     """A plain Hydra app (no curryTrain run) swept the way Hydra tests its sweepers."""
     sweep = hydra_sweep_runner(
@@ -250,6 +251,7 @@ def test_sweep_runner_with_a_hydra_optuna_sweeper_config(hydra_sweep_runner: TSw
     assert set(results.best_params) == {"x", "y", "n", "op"}
 
 
+@pytest.mark.slow
 def test_multi_objective_sweep_writes_its_pareto_front(hydra_sweep_runner: TSweepRunner, tmp_path):
     sweep = hydra_sweep_runner(
         calling_file=None,

@@ -74,6 +74,7 @@ def trials_of(sweep_dir: Path, name: str = "quadratic") -> list[optuna.trial.Fro
     return optuna.load_study(study_name=name, storage=open_storage(f"sqlite:///{sweep_dir / 'optuna.db'}")).trials
 
 
+@pytest.mark.slow
 def test_command_line_values_win_over_params_key_by_key(hydra_sweep_runner, tmp_path):
     # params sweeps y over choice(-1, 0, 1) and x over an interval: the command line fixes y and narrows x.
     swept = sweep_app(hydra_sweep_runner, tmp_path, "y=0", "x=choice(-1.5, 1.5)", "hydra.sweeper.n_trials=6")
@@ -96,6 +97,7 @@ def test_a_plain_app_keeps_a_fixed_command_line_value_in_every_trial(tmp_path):
         assert yaml.safe_load((sweep_dir / str(trial.number) / ".hydra" / "config.yaml").read_text())["y"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", [two_objectives, two_objectives_as_list])
 def test_a_direction_list_takes_the_values_a_task_returns_as_a_pair_or_a_list(hydra_sweep_runner, tmp_path, task):
     swept = sweep_app(hydra_sweep_runner, tmp_path, config="multi", task=task)
@@ -117,6 +119,7 @@ def quadratic_of(trial) -> float:
     return (x - 0.5) ** 2 + n
 
 
+@pytest.mark.slow
 def test_custom_search_space_suggests_more_parameters_from_the_config(hydra_sweep_runner, tmp_path):
     swept = sweep_app(
         hydra_sweep_runner,
@@ -134,6 +137,7 @@ def test_custom_search_space_suggests_more_parameters_from_the_config(hydra_swee
     assert 0 <= swept.results["best_params"]["+w"] <= 1
 
 
+@pytest.mark.slow
 def test_the_deprecated_search_space_is_converted_with_a_warning(hydra_sweep_runner, tmp_path):
     legacy = "hydra.sweeper.search_space={x:{type:float,low:-1.0,high:1.0,step:0.5},n:{type:int,low:1,high:2}}"
     with pytest.warns(UserWarning, match="hydra.sweeper.search_space is deprecated"):
@@ -151,6 +155,7 @@ def test_the_deprecated_search_space_beside_params_is_ignored_with_a_warning(hyd
     assert all(set(t.params) == {"x", "y", "n", "op"} for t in swept.trials)
 
 
+@pytest.mark.slow
 def test_an_empty_search_space_runs_n_trials_of_the_same_config(hydra_sweep_runner, tmp_path):
     swept = sweep_app(hydra_sweep_runner, tmp_path, "hydra.sweeper.params=null", "hydra.sweeper.n_trials=5")
     trials = swept.trials
@@ -163,6 +168,7 @@ def quadratic_of_config(x: float, y: int, n: int) -> float:
     return (x - 0.5) ** 2 + y**2 + n
 
 
+@pytest.mark.slow
 def test_the_grid_sampler_walks_the_grid_once(hydra_sweep_runner, tmp_path):
     swept = sweep_app(
         hydra_sweep_runner,
@@ -263,6 +269,7 @@ def test_bad_input_exits_2_naming_the_key_and_the_fix(tmp_path, case):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_plain_app_resumes_its_study_and_gets_the_report(hydra_sweep_runner, tmp_path):
     first = sweep_app(hydra_sweep_runner, tmp_path, "hydra.sweeper.n_trials=4")
     again = sweep_app(hydra_sweep_runner, tmp_path, "hydra.sweeper.n_trials=6")  # the same study: two more trials
@@ -272,6 +279,7 @@ def test_a_plain_app_resumes_its_study_and_gets_the_report(hydra_sweep_runner, t
     assert again.results["best_value"] == pytest.approx(min(t.value for t in again.trials))
 
 
+@pytest.mark.slow
 def test_a_config_naming_the_official_class_path_gets_this_sweeper(hydra_sweep_runner, tmp_path):
     """lightning-hydra-template's configs write hydra-optuna-sweeper's `_target_` (not installed here)."""
     swept = sweep_app(hydra_sweep_runner, tmp_path, "hydra.sweeper._target_=hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper")

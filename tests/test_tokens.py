@@ -102,6 +102,7 @@ def test_paragraph_documents_and_bad_inputs(tokenizer, tmp_path):
         corpus(tokenizer, write_corpus(tmp_path / "text"), tmp_path / "cache", eos_token="<nope>")
 
 
+@pytest.mark.slow
 def test_bad_configs_exit_2_before_anything_is_written(tokenizer, tmp_path):
     text = write_corpus(tmp_path / "text")
     common = ["data=tokens", f"data.paths=[{text}]", f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}"]
@@ -114,6 +115,7 @@ def test_bad_configs_exit_2_before_anything_is_written(tokenizer, tmp_path):
     assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_import_finetune_on_text_and_export(tokenizer, tmp_path):
     """An HF model with its tokenizer: import, run the experiment the import wrote on local text for 20 steps

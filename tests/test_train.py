@@ -22,6 +22,7 @@ def _losses(run_dir: Path) -> dict[int, float]:
     return {row["step"]: row["train/loss"] for row in rows if "train/loss" in row}
 
 
+@pytest.mark.slow
 def test_launch_writes_a_complete_run_folder(tmp_path):
     run_dir = tmp_path / "run"
     result = launch(FAST_DATA, "trainer.max_steps=6", "trainer.checkpoint_every=2", "trainer.keep_last=2", "seed=7", f"hydra.run.dir={run_dir}")
@@ -57,6 +58,7 @@ def test_launch_writes_a_complete_run_folder(tmp_path):
     assert all((run_dir / "checkpoints" / name / ".metadata").is_file() for name in checkpoints)
 
 
+@pytest.mark.slow
 def test_same_seed_gives_the_same_loss_curve_and_another_seed_does_not(tmp_path):
     curves = {}
     for name, seed in (("a", 1), ("b", 1), ("c", 2)):
@@ -72,6 +74,7 @@ def _record(compose_cfg, run_dir: Path, *overrides: str) -> Path:
     return write_run_record(cfg, run_dir, list(overrides), cwd=Path.cwd())
 
 
+@pytest.mark.slow
 def test_a_run_stopped_and_resumed_has_exactly_the_uninterrupted_loss_curve(compose_cfg, tmp_path):
     full = Trainer(OmegaConf.load(_record(compose_cfg, tmp_path / "full")), tmp_path / "full")
     full.train()
@@ -99,6 +102,7 @@ def test_a_run_stopped_and_resumed_has_exactly_the_uninterrupted_loss_curve(comp
     assert journal[0]["type"] == "header" and any(e["type"] == "launch" for e in journal)
 
 
+@pytest.mark.slow
 def test_incomplete_checkpoints_are_never_resumed_from(tmp_path):
     result = launch(FAST_DATA, "trainer.max_steps=4", "trainer.checkpoint_every=2", "trainer.keep_last=3", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr
