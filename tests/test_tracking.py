@@ -230,6 +230,7 @@ def test_a_multirun_without_a_sweeper_is_grouped_by_its_swept_values(tmp_path):
     assert sorted(rows) == [1, 2] and all(len(row.sessions) == 1 for row in rows.values())
 
 
+@pytest.mark.slow
 def test_a_ladder_shows_its_sub_runs_nested_in_mlflow_and_grouped_in_wandb_and_aim(tmp_path):
     run_dir = tmp_path / "ladder"
     loggers = ["mlflow", "wandb", *(["aim"] if HAS_AIM else [])]
