@@ -90,6 +90,7 @@ def _option_overrides(group: str, option: str, tmp_path: Path) -> list[str]:
     return overrides
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("group", "option"), ALL_OPTIONS, ids=[f"{g}={o}" for g, o in ALL_OPTIONS])
 def test_compose_and_build_every_option(group, option, compose_cfg, tmp_path):
     tiny = not (group == "model" or group.startswith("model/")) and (group, option) not in TABLE_OPTIONS
