@@ -80,7 +80,7 @@ class Ablation(Stage):
         result = StageResult(self.name)
         if not self.idea:
             result.findings.append(
-                Finding("ablation", Status.PASSED, "no idea given: skipped", "check.stages.ablation.idea=[<override>,...] to compare an idea")
+                Finding("ablation", Status.SKIPPED, "no idea given", "check.stages.ablation.idea=[<override>,...] to compare an idea")
             )
             return result
         for arm in (self.baseline, self.baseline + self.idea):

@@ -28,9 +28,10 @@ class Ladder:
         self.stages: dict[str, Stage] = dict(stages)
         self.stop_at_failure = stop_at_failure
 
-    def climb(self, ctx: StageContext) -> list[StageResult]:
-        """Every stage's result, stopping after the first failed gate (stop_at_failure)."""
-        results = []
+    def climb(self, ctx: StageContext, results: list[StageResult] | None = None) -> list[StageResult]:
+        """Every stage's result (appended to `results` as each ends), stopping after the first failed gate
+        (stop_at_failure). A stage never raises (Stage.run turns an exception into its failed finding)."""
+        results = [] if results is None else results
         for name, stage in self.stages.items():
             log.info("check: stage %s", name)
             result = stage.run(ctx)
@@ -63,16 +64,17 @@ def run_ladder(cfg: DictConfig, state: ParallelState, run_dir: Path, journal: Jo
     ladder = build(cfg.check)
     loggers = build_loggers(cfg.logger, run_dir, enabled=state.is_main)
     ctx = StageContext(cfg, state, Path(run_dir), journal, loggers, overrides=run_overrides(Path(run_dir)))
+    results: list[StageResult] = []
     try:
-        results = ladder.climb(ctx)
+        results = ladder.climb(ctx, results)
     finally:
         loggers.close()
-    if state.is_main:
-        from currytrain.check.report import print_table, write_report
+        if state.is_main:  # report.md is written whatever happened, with every stage that ran
+            from currytrain.check.report import print_table, write_report
 
-        path = write_report(Path(run_dir) / REPORT, results, list(ladder.stages))
-        print_table(results)
-        print(f"check: report in {path}")
+            path = write_report(Path(run_dir) / REPORT, results, list(ladder.stages))
+            print_table(results)
+            print(f"check: report in {path}")
     failed = next((result for result in results if result.status is Status.FAILED), None)
     if failed is not None:
         raise GateFailed(gate_message(failed, Path(run_dir) / REPORT))
@@ -89,10 +91,15 @@ def run_overrides(run_dir: Path) -> list[str]:
 
 
 def gate_message(result: StageResult, report: Path) -> str:
+    """The failed findings, each cause with its fix, the findings it explains listed under it."""
     lines = [f"check: stage {result.stage} failed its gate:"]
-    for finding in result.failures():
+    failures = result.failures()
+    roots = [f for f in failures if not f.consequence_of or f.consequence_of not in {g.name for g in failures}]
+    for finding in roots:
         lines.append(f"  - {finding.name}: observed {finding.observed}; expected {finding.expected}")
         lines.append(f"    cause: {finding.cause}")
         lines.append(f"    fix: {finding.fix}")
+        for consequence in (f for f in failures if f.consequence_of == finding.name and f is not finding):
+            lines.append(f"    also seen, a consequence of it: {consequence.name}: {consequence.observed}")
     lines.append(f"  report: {report}")
     return "\n".join(lines)
