@@ -22,6 +22,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from currytrain.components import Components, build_components
+from currytrain.errors import ConfigError, Interrupted
 from currytrain.journal import Journal
 from currytrain.logger.base import MultiLogger
 from currytrain.parallel.state import ParallelState
@@ -122,6 +123,8 @@ class Stage:
         started = time.perf_counter()
         try:
             result = self.assess(ctx.build() if self.needs_components else None, ctx)
+        except (ConfigError, Interrupted):  # bad input (exit 2) and a stop signal are the job's outcomes, not findings
+            raise
         except Exception as error:  # the ladder reports it and writes report.md; the gate fails
             result = StageResult(self.name, [crash_finding(f"stage {self.name}", error)])
         result.seconds = time.perf_counter() - started
