@@ -62,10 +62,12 @@ class Components:
         return None if self.state.fabric is not None else PRECISION_DTYPES[self.cfg.trainer.precision]
 
 
-def build_components(cfg: DictConfig, state: ParallelState, data: Any = None) -> Components:
+def build_components(cfg: DictConfig, state: ParallelState, data: Any = None, model: torch.nn.Module | None = None) -> Components:
     """Data, then the model (seeded by cfg.seed, then parallelized for `state`), then its optimizer and schedule.
 
     data: an adapter already built from this same cfg.data (the ladder's sub-runs share one), else built here.
+    model: a module built by the caller (a test's plain nn.Module) in place of cfg.model's; everything else
+    (parallelism, optimizer, losses) is built around it exactly as around cfg.model's.
     """
     allow_modules(cfg.build.allow)
     torch.manual_seed(cfg.seed)
@@ -74,7 +76,7 @@ def build_components(cfg: DictConfig, state: ParallelState, data: Any = None) ->
     # trainer.compile: one graph of forward and loss on one process, else per block (see compiles_whole).
     whole = cfg.trainer.compile and compiles_whole(state)
     per_block = cfg.trainer.compile and not whole
-    model = parallel.apply(build_model(cfg.model), state, cfg.model, cfg.trainer.precision, compile=per_block)
+    model = parallel.apply(build_model(cfg.model) if model is None else model, state, cfg.model, cfg.trainer.precision, compile=per_block)
     # The optimizer sees the parallelized model (FSDP's sharded parameters); ZeRO-1 then wraps it.
     optimizer = parallel.wrap_optimizer(build(cfg.optimizer, exclude=["schedule"], model=model), state)
     scheduler = build_scheduler(optimizer, cfg.optimizer.schedule, cfg.trainer.max_steps)

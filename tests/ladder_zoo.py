@@ -97,6 +97,13 @@ def frozen_embedding(parts: Components) -> None:
     parts.model.tok_embeddings.weight.requires_grad_(False)
 
 
+def blocks(parts: Components) -> list:
+    """The repeated blocks the ladder's per-block probes see (currytrain.model.protocol.find_blocks)."""
+    from currytrain.model.protocol import find_blocks
+
+    return find_blocks(parts.model)
+
+
 # ---------------------------------------------------------------------------------------------- user stages
 
 

@@ -12,7 +12,7 @@ Every probe that trains does so inside `scratch`, so the next probe sees the mod
 
 from collections.abc import Sequence
 
-from currytrain.check.preflight.leakage import batch_determinism, label_dependence, label_leakage, split_leakage, train_val_overlap
+from currytrain.check.preflight.leakage import batch_determinism, label_dependence, label_leakage, loss_sign, split_leakage, train_val_overlap
 from currytrain.check.preflight.modes import causality, train_eval_mode
 from currytrain.check.preflight.wiring import (
     frozen_parameters,
@@ -67,6 +67,7 @@ class Preflight(Stage):
             "gradient flow": lambda: gradient_flow(parts, batch),
             "zero_grad between steps": lambda: zero_grad_between_steps(parts, step, batch, self.grad_tolerance),
             "train/eval mode": lambda: train_eval_mode(parts, step, batch),
+            "loss sign": lambda: loss_sign(parts, batch),
             "loss depends on labels": lambda: label_dependence(parts, batch),
             "no label leakage": lambda: label_leakage(parts, step, self.batch_size, self.leak_steps, self.leak_margin),
             "causality": lambda: causality(parts, batch, self.causal_tolerance),

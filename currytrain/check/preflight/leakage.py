@@ -5,7 +5,7 @@ import dataclasses
 
 import torch
 
-from currytrain.check.probes import StepFn, chance_loss, data_vocab, eval_loss, get_batch, scratch
+from currytrain.check.probes import StepFn, chance_loss, data_vocab, eval_loss, eval_mode, get_batch, scratch, seeded
 from currytrain.check.stage import Finding, Status, crash_finding
 from currytrain.components import Components
 from currytrain.model.protocol import data_ignore_index
@@ -28,6 +28,23 @@ def label_dependence(parts: Components, batch: Batch) -> Finding:
             "compute the loss against the targets the data adapter returns",
         )
     return Finding("loss depends on labels", Status.PASSED, observed, "different losses")
+
+
+def loss_sign(parts: Components, batch: Batch) -> Finding:
+    """A task loss of the cross-entropy kind is never negative: a negative one has the wrong sign (a log-likelihood
+    returned without its minus), and training then maximises the error while the reported loss falls."""
+    value = eval_loss(parts, batch)
+    observed, expected = f"loss {value:.4f} at init", ">= 0 (a cross-entropy)"
+    if value < 0:
+        return Finding(
+            "loss sign",
+            Status.FAILED,
+            observed,
+            expected,
+            "a negative loss: the loss has the wrong sign (a log-likelihood returned without its minus), so training maximises the error",
+            "return the negative log-likelihood (F.cross_entropy) from the model's loss()",
+        )
+    return Finding("loss sign", Status.PASSED, observed, expected)
 
 
 def _random_token_data(data, vocab: int, seed: int = 0):
@@ -53,12 +70,17 @@ def filler_target(targets: torch.Tensor, vocab: int, ignored: int) -> tuple[int,
     return (int(values[top]), share) if share >= max(5.0 / vocab, 0.05) else None
 
 
+@torch.no_grad()
 def counts_in_loss(parts: Components, batch: Batch, target: int) -> bool:
-    """Whether the loss scores the positions whose target is `target`: changing those targets changes it."""
+    """Whether the task loss scores the positions whose target is `target`: changing the logits there alone
+    changes it (the model's own loss decides, with its own ignore index)."""
     inputs, targets = batch
     mask = targets == target
-    other = torch.where(mask, (targets + 1) % max(int(targets.max()) + 2, 2), targets)
-    return eval_loss(parts, (inputs, other)) != eval_loss(parts, batch)
+    with eval_mode(parts.model), seeded(parts):
+        logits = parts.model(inputs).float()
+    moved = logits.clone()
+    moved[mask] = moved[mask] + torch.linspace(-3.0, 3.0, logits.shape[-1], device=logits.device)
+    return float(parts.score(moved, batch)) != float(parts.score(logits, batch))
 
 
 def label_leakage(parts: Components, step: StepFn, batch_size: int, steps: int, margin: float) -> Finding:
@@ -84,6 +106,10 @@ def label_leakage(parts: Components, step: StepFn, batch_size: int, steps: int, 
     last = sum(losses[-3:]) / len(losses[-3:])
     observed = f"loss {losses[0]:.3f} -> {last:.3f} after {steps} steps on random tokens"
     expected = f">= ln({vocab}) - {margin:g} = {floor - margin:.3f}"
+    if losses[0] < 0:  # a loss of the wrong sign falls without bound: nothing to read here
+        return Finding(
+            "no label leakage", Status.FAILED, observed, expected, "a consequence of the negative loss (see loss sign)", "fix the loss's sign", consequence_of="loss sign"
+        )
     filler = filler_target(torch.cat([b[1].flatten() for b in batches]), vocab, data_ignore_index(data))
     if filler is not None:
         observed += f"; the adapter writes target {filler[0]} at {filler[1]:.0%} of the positions"
