@@ -449,7 +449,7 @@ class FullLadderConfig(LadderConfig):
             "sanity": SanityConfig(),
             "lr_range": LRRangeConfig(batch_size=8),
             "mup": MupCheckConfig(standard_fails=False),
-            "seeds": SeedsConfig(),
+            "seeds": SeedsConfig(max_steps=200),
             "ablation": AblationConfig(max_steps=200),
             "probe": ProbeStageConfig(tasks=["copy"], max_steps=150, gate=False),
             "capacity": CapacityConfig(widths=[64, 128], budget_steps=80),

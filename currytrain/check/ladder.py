@@ -38,9 +38,17 @@ class Ladder:
             result.stage = name
             results.append(result)
             record(ctx, result)
+            remember(ctx, result)
             if result.status is Status.FAILED and self.stop_at_failure:
                 break
         return results
+
+
+def remember(ctx: StageContext, result: StageResult) -> None:
+    """Hand a stage's warnings and failures to the later stages (ctx.measured["alarms"], name -> cause): they may
+    explain a later finding (a slow overfit by preflight's tiny group lr)."""
+    alarms = ctx.measured.setdefault("alarms", {})
+    alarms.update({f.name: f.cause for f in result.findings if f.status in (Status.WARNING, Status.FAILED)})
 
 
 def record(ctx: StageContext, result: StageResult) -> None:
@@ -96,6 +104,8 @@ def gate_message(result: StageResult, report: Path) -> str:
     failures = result.failures()
     roots = [f for f in failures if not f.consequence_of or f.consequence_of not in {g.name for g in failures}]
     for finding in roots:
+        if finding.consequence_of:  # explained by a warning (or an earlier stage's finding): name it first
+            lines.append(f"  - {finding.consequence_of} (the cause; see the report)")
         lines.append(f"  - {finding.name}: observed {finding.observed}; expected {finding.expected}")
         lines.append(f"    cause: {finding.cause}")
         lines.append(f"    fix: {finding.fix}")

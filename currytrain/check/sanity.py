@@ -90,7 +90,7 @@ def overfit_one_batch(parts: Components, step: StepFn, sequences: int, max_steps
         fix = "return raw logits; run check=preflight for gradient flow"
     else:
         cause, fix = (
-            "the model learns, but too slowly to memorise one batch",
+            SLOW,
             "raise check.stages.sanity.overfit_steps or optimizer.lr; a too-small model cannot memorise either",
         )
     return Finding("overfit one batch", Status.FAILED, observed, expected, cause, fix)
@@ -350,10 +350,32 @@ class Sanity(Stage):
         layers = layer_findings(stats, names, self.vanishing_ratio, self.activation_growth, self.dead_fraction)
         layers[0].seconds = time.perf_counter() - started  # the steps that gathered all three
         result.findings += layers
+        explain_slow_overfit(result.findings, ctx.measured.get("alarms", {}))
         if ctx.state.is_main and names:
             result.figures.append(figures.layer_stats(Path(ctx.run_dir) / "sanity_layers.png", names, stats))
         result.details = stats_table(names, stats) if names else ""
         return result
+
+
+SLOW = "the model learns, but too slowly to memorise one batch"
+
+
+def explain_slow_overfit(findings: list[Finding], earlier: dict[str, str]) -> None:
+    """A batch learnt too slowly is often the symptom of a bug another probe names: gradients that vanish with
+    depth (this stage's layer gradients), or parameters that train at a tiny lr (preflight's learning rates).
+    Then the overfit failure is reported under that probe, which tells the causes apart."""
+    overfit = next((f for f in findings if f.name == "overfit one batch" and f.status is Status.FAILED and f.cause.startswith(SLOW)), None)
+    if overfit is None:
+        return
+    gradients = next((f for f in findings if f.name == "layer gradients" and f.status is Status.WARNING and "vanish" in f.cause), None)
+    if gradients is not None:
+        overfit.consequence_of = gradients.name
+        overfit.cause = f"{SLOW}: a consequence of the gradients that vanish with depth (layer gradients: {gradients.observed})"
+        overfit.fix = gradients.fix
+    elif "learning rates" in earlier:
+        overfit.consequence_of = "learning rates"
+        overfit.cause = f"{SLOW}: a consequence of parameters that train at a tiny lr (preflight's learning rates: {earlier['learning rates']})"
+        overfit.fix = "fix the per-group lr (see learning rates)"
 
 
 def stats_table(names: list[str], stats: LayerStats) -> str:

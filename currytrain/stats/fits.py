@@ -124,16 +124,23 @@ def _least_squares(n: np.ndarray, loss: np.ndarray, start: tuple[float, float, f
     bounds = (np.array([-np.inf, -np.inf, 0.0]), np.array([top, np.inf, MAX_ALPHA]))  # E below every observed loss
     # A start on or outside a bound (a bootstrap sample whose lowest loss is below the first fit's E) moves inside.
     x0 = np.array([min(start[0], top - 1e-6 * max(1.0, abs(top))), start[1], min(max(start[2], 1e-3), MAX_ALPHA - 1e-3)], float)
-    if not np.isfinite(x0).all():
-        x0 = np.array([top - 1.0, 0.0, 0.5])
-    fit = least_squares(lambda p: power_law(n, *p) - loss, x0, bounds=bounds, method="trf")
-    return tuple(float(v) for v in fit.x)
+    if not np.isfinite(power_law(n, *x0)).all():
+        x0 = np.array(_start(n, loss))
+    try:
+        fit = least_squares(lambda p: power_law(n, *p) - loss, x0, bounds=bounds, method="trf")
+    except ValueError:  # the residuals overflow on the way: keep the start, a curve through the points' middle
+        return tuple(float(v) for v in x0)
+    return tuple(float(v) for v in fit.x) if np.isfinite(fit.x).all() else tuple(float(v) for v in x0)
 
 
 def _start(n: np.ndarray, loss: np.ndarray) -> tuple[float, float, float]:
+    """E below the lowest loss, alpha from a line through log(loss - E) against log N (kept in (0, 5)), and A so
+    that the curve passes through the points' geometric middle (so that no start overflows)."""
     e0 = float(loss.min()) - 0.5 * float(loss.max() - loss.min()) - 1e-3
-    slope = np.polyfit(np.log(n), np.log(np.maximum(loss - e0, 1e-9)), 1)
-    return e0, float(slope[1]), float(min(max(-slope[0], 0.01), MAX_ALPHA - 0.1))
+    log_n, log_gap = np.log(n), np.log(np.maximum(loss - e0, 1e-9))
+    slope = np.polyfit(log_n, log_gap, 1)[0] if np.ptp(log_n) > 0 else 0.0
+    alpha = float(min(max(-slope, 0.01), MAX_ALPHA - 0.1)) if np.isfinite(slope) else 0.5
+    return e0, float(np.mean(log_gap + alpha * log_n)), alpha
 
 
 def fit_power_law(sizes: list[float], losses: list[float], bootstrap: int = 500, seed: int = 0, seed_std: float = 0.0) -> PowerLawFit:
