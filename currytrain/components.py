@@ -83,9 +83,9 @@ def build_components(cfg: DictConfig, state: ParallelState, data: Any = None, mo
     default = default_loss(data_ignore_index(data))  # the adapter's ignore_index (padding), else -100
     loss_fn = compile_loss(default) if per_block else default
     pipeline = parallel.build_pipeline(model, state, cfg.model, loss_fn, cfg.trainer.grad_accum)
-    forward_loss = compile_forward_loss(model, loss_fn) if whole else model_loss(model, loss_fn)
+    forward_loss = compile_forward_loss(model, loss_fn, data) if whole else model_loss(model, loss_fn, data)
     module = parallel.unwrap(model, state)
-    return Components(cfg, state, data, model, optimizer, scheduler, module, forward_loss, loss_fn, pipeline, task_loss(model, loss_fn))
+    return Components(cfg, state, data, model, optimizer, scheduler, module, forward_loss, loss_fn, pipeline, task_loss(model, loss_fn, data))
 
 
 @contextlib.contextmanager

@@ -31,17 +31,32 @@ class Sweep:
     diverged_at: float | None = None
     """The lr at which the smoothed loss passed diverge_factor x its minimum (None: it never did)."""
 
+    burn: int = 1
+    """Steps at the start whose smoothed loss still carries the moving average's warm-up (about 1 / (1 - smoothing)):
+    a steep slope there is the noise of the first batches, not the lr."""
+
     def best(self) -> int:
-        """Index of the smoothed minimum."""
-        return min(range(len(self.smoothed)), key=self.smoothed.__getitem__)
+        """Index of the smoothed minimum (the first, if several; 0 for an empty sweep)."""
+        finite = [i for i, value in enumerate(self.smoothed) if math.isfinite(value)]
+        return min(finite, key=self.smoothed.__getitem__) if finite else 0
 
     def steepest(self) -> int:
-        """Index, before the minimum, where the smoothed loss falls fastest per unit of log(lr)."""
+        """Index, before the minimum and after the warm-up, where the smoothed loss falls fastest per unit of log(lr)."""
         end = self.best()
-        if end < 2:
+        start = max(1, min(self.burn, end - 1))
+        if end - start < 1:
             return end
-        slopes = [(self.smoothed[i + 1] - self.smoothed[i - 1]) / math.log(self.lrs[i + 1] / self.lrs[i - 1]) for i in range(1, end)]
-        return 1 + min(range(len(slopes)), key=slopes.__getitem__)
+        slopes = {i: (self.smoothed[i + 1] - self.smoothed[i - 1]) / math.log(self.lrs[i + 1] / self.lrs[i - 1]) for i in range(start, end)}
+        slopes = {i: v for i, v in slopes.items() if math.isfinite(v)}
+        return min(slopes, key=slopes.get) if slopes else end
+
+    def noise(self) -> float:
+        """Std of the raw loss over the warm-up steps, where the lr is too small to move it: batch-to-batch noise."""
+        head = [v for v in self.losses[: max(2, self.burn)] if math.isfinite(v)]
+        if len(head) < 2:
+            return 0.0
+        mean = sum(head) / len(head)
+        return math.sqrt(sum((v - mean) ** 2 for v in head) / (len(head) - 1))
 
 
 def lr_schedule(min_lr: float, max_lr: float, steps: int) -> list[float]:
@@ -52,7 +67,7 @@ def lr_schedule(min_lr: float, max_lr: float, steps: int) -> list[float]:
 
 def sweep_lr(parts: Components, step: StepFn, lrs: list[float], batch_size: int, smoothing: float, diverge_factor: float) -> Sweep:
     """Train one step per lr on fresh batches; stop when the smoothed loss diverges."""
-    result, average = Sweep(), 0.0
+    result, average = Sweep(burn=max(1, math.ceil(1 / (1 - smoothing)))), 0.0
     peak = peak_lr(parts)
     ratios = [group.get("initial_lr", group["lr"]) / peak for group in parts.optimizer.param_groups]
     with scratch(parts):
@@ -120,10 +135,19 @@ def range_finding(sweep: Sweep, rule: str, divisor: float, min_drop: float) -> F
     return Finding("lr range", Status.PASSED, observed, expected)
 
 
-def configured_finding(configured: float, suggested: float, tolerance: float) -> Finding:
-    ratio = configured / suggested
+RELIABLE_DROP = 4.0
+"""A suggestion is read off the sweep only when its smoothed loss falls by this many times the batch-to-batch noise."""
+
+
+def configured_finding(configured: float, suggested: float, tolerance: float, sweep: Sweep | None = None) -> Finding:
+    ratio = configured / suggested if suggested > 0 else math.inf
     observed = f"optimizer.lr={configured:g} is {ratio:.2g}x the suggested {suggested:.3g}"
     expected = f"within a factor {tolerance:g} of the suggestion"
+    if sweep is not None and sweep.smoothed:
+        drop, noise = sweep.smoothed[0] - sweep.smoothed[sweep.best()], sweep.noise()
+        if not drop >= RELIABLE_DROP * noise:
+            note = f"the sweep's loss falls {drop:.3g} nats against a batch-to-batch noise of {noise:.3g}: too flat to suggest an lr"
+            return Finding("configured lr", Status.SKIPPED, note, expected, "", "a longer sweep (check.stages.lr_range.steps) or larger batches")
     if 1 / tolerance <= ratio <= tolerance:
         return Finding("configured lr", Status.PASSED, observed, expected)
     word = "above" if ratio > 1 else "below"
@@ -177,7 +201,7 @@ class LRRange(Stage):
         if len(sweep.smoothed) < 3:
             return result
         suggested = suggest(sweep, self.rule, self.min_loss_divisor)
-        result.findings.append(configured_finding(peak_lr(parts), suggested, self.lr_tolerance))
+        result.findings.append(configured_finding(peak_lr(parts), suggested, self.lr_tolerance, sweep))
         if ctx.state.is_main:
             result.figures.append(figures.lr_range(Path(ctx.run_dir) / "lr_range.png", sweep, suggested, peak_lr(parts)))
         result.details = f"Suggested: `optimizer.lr={suggested:.3g}` (rule `{self.rule}`; {len(sweep.lrs)} steps of batch {self.batch_size})."

@@ -22,7 +22,8 @@ from currytrain.data.probe import ProbeTasks, accuracy
 
 def probe_node(ctx: StageContext, task: str, num_symbols: int, seq_len: int | None = None) -> dict:
     """data=probe's node for `task`: sequences of `seq_len` tokens (at most data.seq_len; null: data.seq_len)."""
-    seq_len = min(seq_len or int(ctx.cfg.data.seq_len), int(ctx.cfg.data.seq_len))
+    data_len = int(shared_data(ctx, ctx.cfg).seq_len)  # the adapter's own sequence length
+    seq_len = min(seq_len or data_len, data_len)
     return {"_target_": "currytrain.data.probe.ProbeTasks", "task": task, "seq_len": seq_len, "num_symbols": num_symbols, "seed": int(ctx.cfg.seed)}
 
 

@@ -113,8 +113,8 @@ def batch_finding(parts: Components, batch: tuple[torch.Tensor, torch.Tensor], b
             f"give the model a vocabulary of at least {int(inputs.max()) + 1} (model.vocab_size for curryTrain's families)",
         )
     scored = targets_[targets_ != ignored]  # positions the loss ignores (padding; probe tasks score answers only)
-    if hook(parts.module, HasLoss) is None and scored.numel() and (int(scored.max()) >= classes or int(scored.min()) < 0):
-        # (a model with its own loss() decides which targets it scores: its ignore index may be any value)
+    if hook(parts.module, HasLoss) is None and hook(parts.data, HasLoss) is None and scored.numel() and (int(scored.max()) >= classes or int(scored.min()) < 0):
+        # (a model or adapter with its own loss() decides which targets it scores: its ignore index may be any value)
         fix = f"give the model at least {int(scored.max()) + 1} output classes" if classes == vocab else "check the adapter's labels and num_classes"
         if int(scored.min()) < 0:
             fix = f"mark unscored targets with the adapter's ignore_index (now {ignored}), or give the model its own loss()"

@@ -9,7 +9,8 @@ runtime-checkable Protocol of one method), never by an attribute name or a confi
 - loss(logits, batch) -> Tensor: its own task loss of one microbatch; `batch` is the (inputs, targets) pair,
   so masks and ignore indices are the model's. A second parameter named `targets` or `labels` gets the targets
   alone. Without it: the mean cross-entropy of the logits' last dimension against the targets, ignoring the
-  data adapter's `ignore_index` (-100 when it declares none).
+  data adapter's `ignore_index` (-100 when it declares none). A data adapter may have a loss() of the same form,
+  which comes first: the task then says what is scored (data=probe scores its answers alone).
 - param_groups() -> parameters or parameter groups: what its optimizer trains. Plain parameters get the
   optimizer's usual split (matrices decayed, 1-D parameters not); dicts are torch parameter groups, whose
   optional `lr_scale` multiplies the configured lr (so lr sweeps keep the ratios) and whose `lr` or
@@ -131,9 +132,11 @@ def default_loss(ignore_index: int = IGNORE_INDEX) -> LossFn:
     return causal_lm_loss if ignore_index == IGNORE_INDEX else functools.partial(causal_lm_loss, ignore_index=ignore_index)
 
 
-def task_loss(model: nn.Module, loss_fn: LossFn = causal_lm_loss) -> TaskLoss:
-    """The task loss of `model`: its own loss(logits, batch) when it has one, else loss_fn(logits, targets)."""
-    own = hook(model, HasLoss)
+def task_loss(model: nn.Module, loss_fn: LossFn = causal_lm_loss, data: Any = None) -> TaskLoss:
+    """The task loss of `model` on `data`: the data adapter's loss(logits, batch) when it has one (a task that says
+    what is scored: data=probe scores the answers alone), else the model's own, else loss_fn(logits, targets)."""
+    own = hook(data, HasLoss) if data is not None else None
+    own = own or hook(model, HasLoss)
     if own is None:
         return lambda logits, batch: loss_fn(logits, batch[1])
     if wants_targets(own):
@@ -153,10 +156,10 @@ def full(value: torch.Tensor) -> torch.Tensor:
     return value.full_tensor() if hasattr(value, "full_tensor") else value
 
 
-def model_loss(model: nn.Module, loss_fn: LossFn = causal_lm_loss) -> ForwardLoss:
-    """The ForwardLoss of `model`: its task loss (task_loss: its own, else `loss_fn`), plus auxiliary_loss() when
-    it has one. trainer.compile on one process compiles this whole function."""
-    loss_of = task_loss(model, loss_fn)
+def model_loss(model: nn.Module, loss_fn: LossFn = causal_lm_loss, data: Any = None) -> ForwardLoss:
+    """The ForwardLoss of `model`: its task loss (task_loss: the data's or its own, else `loss_fn`), plus
+    auxiliary_loss() when it has one. trainer.compile on one process compiles this whole function."""
+    loss_of = task_loss(model, loss_fn, data)
 
     def forward_loss(inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         value = loss_of(model(inputs), (inputs, targets))

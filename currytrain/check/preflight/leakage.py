@@ -91,11 +91,11 @@ def label_leakage(parts: Components, step: StepFn, batch_size: int, steps: int, 
     if not isinstance(getattr(data, "train", None), torch.Tensor):
         return Finding(
             "no label leakage",
-            Status.WARNING,
-            f"{type(data).__name__} has no token stream (.train)",
+            Status.SKIPPED,
+            f"{type(data).__name__} has no token stream (.train) to randomise",
             "a stream to randomise",
-            "the probe needs the adapter's tokens",
-            "give the adapter a .train token tensor",
+            "",
+            "give the adapter a .train token tensor to have its batches checked for leaked labels",
         )
     vocab = data_vocab(parts)
     floor = chance_loss(vocab)
@@ -169,11 +169,11 @@ def train_val_overlap(parts: Components, windows: int, max_share: float, warn_sh
     if not isinstance(getattr(data, "train", None), torch.Tensor) or not isinstance(getattr(data, "val", None), torch.Tensor):
         return Finding(
             "no train/val overlap",
-            Status.WARNING,
-            f"{type(data).__name__} has no train/val token streams",
+            Status.SKIPPED,
+            f"{type(data).__name__} has no train/val token streams to compare",
             "streams to compare",
-            "the probe needs .train and .val tensors",
-            "give the adapter .train and .val token tensors",
+            "",
+            "give the adapter .train and .val token tensors to have its splits compared",
         )
     train = data.train.cpu().numpy().tobytes()
     val_windows = data.batch("val", 0, 0, windows)[0]
