@@ -30,10 +30,15 @@ class Shape:
 
     @property
     def name(self) -> str:
-        return f"dim_{self.width}_layers_{self.depth}"
+        return f"dim_{self.width}_layers_{self.depth}" if self.depth else f"dim_{self.width}"
 
     def overrides(self, model_cfg) -> list[str]:
-        return [*width_overrides(model_cfg, self.width), f"model.n_layers={self.depth}", f"trainer.max_steps={self.steps}", f"trainer.eval_every={self.steps}"]
+        return [*width_overrides(model_cfg, self.width), *depth_overrides(self.depth), f"trainer.max_steps={self.steps}", f"trainer.eval_every={self.steps}"]
+
+
+def depth_overrides(depth: int) -> list[str]:
+    """model.n_layers for a depth; none for depth 0 (a model without that field keeps its own depth)."""
+    return [f"model.n_layers={depth}"] if depth else []
 
 
 def plan(ctx: StageContext, widths: list[int], depths: list[int], budget_steps: int, min_steps: int) -> list[Shape]:
@@ -42,9 +47,9 @@ def plan(ctx: StageContext, widths: list[int], depths: list[int], budget_steps: 
 
     budget = count_parameters(ctx.cfg.model) * budget_steps  # 6 * tokens per step cancels out
     shapes = []
-    for depth in depths:
+    for depth in depths if "n_layers" in ctx.cfg.model else [0]:  # a model without the field: widths alone
         for width in widths:
-            model = derive(ctx.cfg, [*width_overrides(ctx.cfg.model, width), f"model.n_layers={depth}"]).model
+            model = derive(ctx.cfg, [*width_overrides(ctx.cfg.model, width), *depth_overrides(depth)]).model
             num_params = count_parameters(model)
             shapes.append(Shape(width, depth, num_params, max(min_steps, round(budget / num_params))))
     return sorted(shapes, key=lambda shape: shape.num_params)

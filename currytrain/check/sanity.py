@@ -98,7 +98,7 @@ def overfit_one_batch(parts: Components, step: StepFn, sequences: int, max_steps
 
 @dataclass
 class LayerStats:
-    """Per block of model.layers, over the stats steps."""
+    """Per repeated block (find_blocks), over the stats steps."""
 
     activation_mean: list[float]
     activation_std: list[float]
