@@ -270,7 +270,9 @@ def healthy_table(records: list[dict]) -> str:
     for stage in STAGES:
         n = runs[stage]
         if n:
-            lines.append(f"| {stage} | {n} | {len(models[stage])} | {fails[stage]} | {fails[stage] / n:.0%} | {warns[stage]} | {warns[stage] / n:.0%} | {skips[stage]} |")
+            lines.append(
+                f"| {stage} | {n} | {len(models[stage])} | {fails[stage]} | {fails[stage] / n:.0%} | {warns[stage]} | {warns[stage] / n:.0%} | {skips[stage]} |"
+            )
     alarms = [f"- {stage}: {text} x{count}" for stage in STAGES for text, count in which[stage].most_common()]
     return "\n".join(lines + (["", "Which findings raised them:", *alarms] if alarms else []))
 
@@ -335,4 +337,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-

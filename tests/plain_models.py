@@ -85,7 +85,9 @@ class PlainLM(nn.Module):
         self.bug = bug
         block = SaturatedBlock if bug == "norm_hides_vanishing" else Block
         self.wte, self.wpe = nn.Embedding(vocab_size, dim), nn.Embedding(max_len, dim)
-        self.h = nn.ModuleList(block(dim, heads, 0.1 if bug == "eval_dropout" else dropout, bug == "eval_dropout") for _ in range(n_layers + 6 * (bug == "norm_hides_vanishing")))
+        self.h = nn.ModuleList(
+            block(dim, heads, 0.1 if bug == "eval_dropout" else dropout, bug == "eval_dropout") for _ in range(n_layers + 6 * (bug == "norm_hides_vanishing"))
+        )
         self.ln_f = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab_size, bias=False)
 

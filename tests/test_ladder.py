@@ -11,12 +11,12 @@ import torch
 
 from conftest import launch
 from currytrain.build import build
-from currytrain.components import build_components
 from currytrain.check.ladder import run_ladder
 from currytrain.check.preflight import Preflight
 from currytrain.check.sanity import Sanity
 from currytrain.check.skeleton import Skeleton
 from currytrain.check.stage import StageContext, Status
+from currytrain.components import build_components
 from currytrain.errors import GateFailed
 from currytrain.journal import Journal, read_journal
 from currytrain.parallel.state import ParallelState

@@ -129,7 +129,11 @@ def test_lr_range_assessment_answers_with_a_finding(values, diverged):
 
 
 @SETTINGS
-@given(st.dictionaries(st.sampled_from(["mlp activation", "attention update", "logits activation", "mlp gradient"]), st.lists(anything, min_size=3, max_size=3), min_size=1))
+@given(
+    st.dictionaries(
+        st.sampled_from(["mlp activation", "attention update", "logits activation", "mlp gradient"]), st.lists(anything, min_size=3, max_size=3), min_size=1
+    )
+)
 def test_mup_assessment_answers_with_a_finding(table):
     for mup in (True, False):
         if any(not name.endswith("gradient") for name in table):
@@ -147,7 +151,9 @@ def test_probe_assessment_answers_with_a_finding(scores, gate):
 @given(st.lists(anything, min_size=2, max_size=4), st.lists(anything, min_size=2, max_size=4))
 def test_ablation_assessment_answers_with_a_finding(base, idea):
     n = min(len(base), len(idea))
-    _is_findings([ablation_finding(["optimizer.lr=0.01"], [_run(f"b{i}", v) for i, v in enumerate(base[:n])], [_run(f"i{i}", v) for i, v in enumerate(idea[:n])], 60.0)])
+    _is_findings(
+        [ablation_finding(["optimizer.lr=0.01"], [_run(f"b{i}", v) for i, v in enumerate(base[:n])], [_run(f"i{i}", v) for i, v in enumerate(idea[:n])], 60.0)]
+    )
 
 
 @SETTINGS

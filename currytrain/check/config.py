@@ -304,7 +304,9 @@ class ScalingConfig:
         if len(set(node.widths)) < 5:
             problems.append(f"{path}.widths={list(node.widths)} needs 5 distinct widths (4 to fit, 1 held out): pass {path}.widths=[32,48,64,96,128]")
         if not 0 < node.fail_alpha <= node.alpha < 1:
-            problems.append(f"{path}.fail_alpha={node.fail_alpha} and alpha={node.alpha} must satisfy 0 < fail_alpha <= alpha < 1: pass {path}.alpha=0.05 {path}.fail_alpha=0.001")
+            problems.append(
+                f"{path}.fail_alpha={node.fail_alpha} and alpha={node.alpha} must satisfy 0 < fail_alpha <= alpha < 1: pass {path}.alpha=0.05 {path}.fail_alpha=0.001"
+            )
         if not node.seed_std >= 0:
             problems.append(f"{path}.seed_std={node.seed_std} must be >= 0: pass {path}.seed_std=0")
         return problems

@@ -106,7 +106,9 @@ class Probe(Stage):
                 seeds = seed_overrides(ctx, base + attempt) if attempt else []
                 name = task if not attempt else f"{task}_seed_{base + attempt}"
                 seeded_node = dict(node, seed=base + attempt)
-                run = train_subrun(ctx, self.name, name, budget_overrides(self.max_steps, self.overrides) + seeds, replace={"data": seeded_node}, measure=measure)
+                run = train_subrun(
+                    ctx, self.name, name, budget_overrides(self.max_steps, self.overrides) + seeds, replace={"data": seeded_node}, measure=measure
+                )
                 runs.append(run)
                 if run.finished and run.measured["accuracy"] >= self.min_accuracy:
                     break

@@ -220,9 +220,7 @@ def layer_findings(stats: LayerStats, names: list[str], ratio: float, growth: fl
     if not names:
         note = "no repeated blocks found in the model"
         fix = "declare them with repeated_blocks() (currytrain.model.protocol) if the model has any"
-        return [
-            Finding(name, Status.SKIPPED, note, "per-block statistics", "", fix) for name in ("layer gradients", "layer activations", "dead units")
-        ]
+        return [Finding(name, Status.SKIPPED, note, "per-block statistics", "", fix) for name in ("layer gradients", "layer activations", "dead units")]
     findings = []
     norms, stds = stats.grad_norm, stats.activation_std
     ran = [i for i in range(len(names)) if not math.isnan(stats.activation_max[i])]  # a block with no output captured: nan

@@ -80,7 +80,9 @@ def scaling_findings(
     try:
         fit = fit_power_law(sizes, losses, bootstrap, seed, noise.std if math.isfinite(noise.std) else 0.0)
     except ValueError as error:
-        return [Finding("scaling fit", Status.FAILED, str(error), f"a power law through {len(sizes)} sizes", "the runs gave no losses to fit", "see the runs")], None
+        return [
+            Finding("scaling fit", Status.FAILED, str(error), f"a power law through {len(sizes)} sizes", "the runs gave no losses to fit", "see the runs")
+        ], None
     try:
         low, high = fit.alpha_interval()
         observed = f"L(N) = {fit.e:.3f} + {fit.a:.3g} N^-{fit.alpha:.3f} (alpha 95% CI [{low:.3f}, {high:.3f}])"
@@ -88,7 +90,9 @@ def scaling_findings(
             observed += f"; compute form L(C) = E + {fit.a * (6 * tokens) ** fit.alpha:.3g} C^-{fit.alpha:.3f} at D = {tokens:,} tokens"
         findings = [Finding("scaling fit", Status.PASSED, observed, f"a power law through {len(sizes)} sizes")]
         if not held_losses or not all(math.isfinite(v) for v in held_losses):
-            findings.append(Finding("held-out size", Status.FAILED, f"{held_name}: loss {held_losses}", "a finite loss", "the held-out size diverged", "lower optimizer.lr"))
+            findings.append(
+                Finding("held-out size", Status.FAILED, f"{held_name}: loss {held_losses}", "a finite loss", "the held-out size diverged", "lower optimizer.lr")
+            )
         else:
             findings.append(held_out_finding(fit, held_name, held_size, held_losses, noise, alpha, fail_alpha))
         if target_params:

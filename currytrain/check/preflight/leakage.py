@@ -108,7 +108,13 @@ def label_leakage(parts: Components, step: StepFn, batch_size: int, steps: int, 
     expected = f">= ln({vocab}) - {margin:g} = {floor - margin:.3f}"
     if losses[0] < 0:  # a loss of the wrong sign falls without bound: nothing to read here
         return Finding(
-            "no label leakage", Status.FAILED, observed, expected, "a consequence of the negative loss (see loss sign)", "fix the loss's sign", consequence_of="loss sign"
+            "no label leakage",
+            Status.FAILED,
+            observed,
+            expected,
+            "a consequence of the negative loss (see loss sign)",
+            "fix the loss's sign",
+            consequence_of="loss sign",
         )
     filler = filler_target(torch.cat([b[1].flatten() for b in batches]), vocab, data_ignore_index(data))
     if filler is not None:

@@ -204,7 +204,9 @@ def learning_rates(parts: Components, slow_ratio: float) -> Finding:
         if params:
             rows.append((float(group.get("initial_lr", group["lr"])), params, bool(hidden) and all(id(p) in hidden for p in params)))
     if not rows:
-        return Finding("learning rates", Status.FAILED, "no trainable parameter in the optimizer", "groups that train", "the optimizer is empty", "see optimizer coverage")
+        return Finding(
+            "learning rates", Status.FAILED, "no trainable parameter in the optimizer", "groups that train", "the optimizer is empty", "see optimizer coverage"
+        )
     names = {id(p): name for name, p in parts.model.named_parameters()}
     top = max(lr for lr, _, _ in rows)
     observed = f"{len(rows)} groups at peak lr " + ", ".join(f"{lr:.3g}" for lr, _, _ in rows)
