@@ -12,6 +12,7 @@ state are restored afterwards; every parameter group keeps its ratio to the peak
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,10 +54,7 @@ class Sweep:
     def noise(self) -> float:
         """Std of the raw loss over the warm-up steps, where the lr is too small to move it: batch-to-batch noise."""
         head = [v for v in self.losses[: max(2, self.burn)] if math.isfinite(v)]
-        if len(head) < 2:
-            return 0.0
-        mean = sum(head) / len(head)
-        return math.sqrt(sum((v - mean) ** 2 for v in head) / (len(head) - 1))
+        return statistics.stdev(head) if len(head) >= 2 else 0.0
 
 
 def lr_schedule(min_lr: float, max_lr: float, steps: int) -> list[float]:
@@ -114,15 +112,19 @@ def range_finding(sweep: Sweep, rule: str, divisor: float, min_drop: float) -> F
         f"steepest descent at lr {sweep.lrs[steep]:.3g}, drop {drop:.3f} nats, "
         + (f"diverged at lr {sweep.diverged_at:.3g}" if sweep.diverged_at else "no divergence")
     )
-    if drop < min_drop:
+    noise = sweep.noise()
+    observed += f"; batch-to-batch noise {noise:.3g}"
+    if drop < min_drop and drop <= RELIABLE_DROP * noise:
         return Finding(
             "lr range",
             Status.FAILED,
             observed,
             expected,
-            "the loss does not fall at any lr of the range: the model does not learn",
+            "the loss does not fall at any lr of the range beyond the noise of its batches: the model does not learn",
             "run check=sanity (overfit one batch); widen the range (min_lr, max_lr) or raise steps",
         )
+    if not reliable(sweep):
+        return Finding("lr range", Status.PASSED, observed + "; too flat a sweep to suggest an lr (longer sweeps, larger batches)", expected)
     if sweep.diverged_at is None:
         return Finding(
             "lr range",
@@ -136,18 +138,27 @@ def range_finding(sweep: Sweep, rule: str, divisor: float, min_drop: float) -> F
 
 
 RELIABLE_DROP = 4.0
-"""A suggestion is read off the sweep only when its smoothed loss falls by this many times the batch-to-batch noise."""
+"""A suggestion is read off the sweep only when its smoothed loss falls by this many times the batch-to-batch noise..."""
+RELIABLE_SHARE = 0.1
+"""...and by this share of where it started: a sweep that moves the loss by 2% of it says little about the best lr."""
+
+
+def reliable(sweep: Sweep) -> bool:
+    """Whether the sweep falls clearly enough (beyond its noise, by a tenth of its start) to suggest an lr."""
+    if not sweep.smoothed:
+        return False
+    drop = sweep.smoothed[0] - sweep.smoothed[sweep.best()]
+    return drop >= RELIABLE_DROP * sweep.noise() and drop >= RELIABLE_SHARE * abs(sweep.smoothed[0])
 
 
 def configured_finding(configured: float, suggested: float, tolerance: float, sweep: Sweep | None = None) -> Finding:
     ratio = configured / suggested if suggested > 0 else math.inf
     observed = f"optimizer.lr={configured:g} is {ratio:.2g}x the suggested {suggested:.3g}"
     expected = f"within a factor {tolerance:g} of the suggestion"
-    if sweep is not None and sweep.smoothed:
+    if sweep is not None and sweep.smoothed and not reliable(sweep):
         drop, noise = sweep.smoothed[0] - sweep.smoothed[sweep.best()], sweep.noise()
-        if not drop >= RELIABLE_DROP * noise:
-            note = f"the sweep's loss falls {drop:.3g} nats against a batch-to-batch noise of {noise:.3g}: too flat to suggest an lr"
-            return Finding("configured lr", Status.SKIPPED, note, expected, "", "a longer sweep (check.stages.lr_range.steps) or larger batches")
+        note = f"the sweep's loss falls {drop:.3g} nats (noise {noise:.3g}, from {sweep.smoothed[0]:.3g}): too flat to suggest an lr"
+        return Finding("configured lr", Status.SKIPPED, note, expected, "", "a longer sweep (check.stages.lr_range.steps) or larger batches")
     if 1 / tolerance <= ratio <= tolerance:
         return Finding("configured lr", Status.PASSED, observed, expected)
     word = "above" if ratio > 1 else "below"
