@@ -98,7 +98,7 @@ class SanityConfig:
     """Nats the loss at init may differ from ln(vocab_size) (a uniform prediction)."""
     overfit_sequences: int = 3
     """Sequences in the one batch the model must memorise."""
-    overfit_steps: int = 300
+    overfit_steps: int = 600
     """Most optimizer steps allowed to memorise it (stops as soon as the loss is below overfit_loss)."""
     overfit_loss: float = 0.2
     """Loss (nats/token) the batch must go below: the gate."""

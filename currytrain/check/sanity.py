@@ -313,7 +313,7 @@ class Sanity(Stage):
         batch_size: int = 8,
         init_tolerance: float = 0.5,
         overfit_sequences: int = 3,
-        overfit_steps: int = 300,
+        overfit_steps: int = 600,
         overfit_loss: float = 0.2,
         stats_steps: int = 5,
         vanishing_ratio: float = 1e-3,
