@@ -42,7 +42,8 @@ def init_loss(parts: Components, batch_size: int, batches: int, tolerance: float
             Status.FAILED,
             observed,
             expected,
-            "too high: the logits are large at init (init scale too big), or the outputs are not raw logits (double softmax)",
+            "too high: the logits are large at init (init scale too big), or the outputs are not raw logits (double softmax); "
+            "skeleton's 'outputs are logits' tells the two apart",
             "lower the init scale (model.init_std for curryTrain's families; 0.02 is usual), and return raw logits",
         )
     if observed_loss < chance - tolerance:
@@ -86,7 +87,10 @@ def overfit_one_batch(parts: Components, step: StepFn, sequences: int, max_steps
     if not math.isfinite(final) or final > losses[0]:
         cause, fix = f"the loss diverged: lr={lr:g} is too high", "lower optimizer.lr (check=lr_range suggests one) or set trainer.grad_clip=1.0"
     elif min(losses) > chance - 1.5:
-        cause = f"the loss cannot go far below chance ln(C)={chance:.2f}: the outputs are bounded (a softmax before the loss: double softmax), or the gradients do not reach the weights"
+        cause = (
+            f"the loss cannot go far below chance ln(C)={chance:.2f}: the outputs are bounded (a softmax before the loss: double softmax), "
+            "or the gradients do not reach the weights; skeleton's 'outputs are logits' and preflight's 'gradient flow' tell the two apart"
+        )
         fix = "return raw logits; run check=preflight for gradient flow"
     else:
         cause, fix = (
