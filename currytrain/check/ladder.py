@@ -45,10 +45,12 @@ class Ladder:
 
 
 def remember(ctx: StageContext, result: StageResult) -> None:
-    """Hand a stage's warnings and failures to the later stages (ctx.measured["alarms"], name -> cause): they may
-    explain a later finding (a slow overfit by preflight's tiny group lr)."""
+    """Hand a stage's warnings and failures to the later stages (ctx.measured["alarms"], name -> cause), and the
+    names of its passed findings (ctx.measured["passed"]): they may explain a later finding (a slow overfit by
+    preflight's tiny group lr), or settle it (a flat lr sweep of a model whose overfit passed)."""
     alarms = ctx.measured.setdefault("alarms", {})
     alarms.update({f.name: f.cause for f in result.findings if f.status in (Status.WARNING, Status.FAILED)})
+    ctx.measured.setdefault("passed", set()).update(f.name for f in result.findings if f.status is Status.PASSED)
 
 
 def record(ctx: StageContext, result: StageResult) -> None:

@@ -93,7 +93,9 @@ def suggest(sweep: Sweep, rule: str, divisor: float) -> float:
     return sweep.lrs[sweep.best()] / divisor
 
 
-def range_finding(sweep: Sweep, rule: str, divisor: float, min_drop: float) -> Finding:
+def range_finding(sweep: Sweep, rule: str, divisor: float, min_drop: float, learns: bool = False) -> Finding:
+    """The sweep's verdict. `learns`: an earlier probe showed the model learns (sanity's overfit passed), so a flat
+    sweep says the task needs more steps than the sweep has, not that the model cannot learn."""
     expected = f"the smoothed loss falls by >= {min_drop:g} nats, then diverges inside the range"
     if len(sweep.smoothed) < 3:
         return Finding(
@@ -115,13 +117,16 @@ def range_finding(sweep: Sweep, rule: str, divisor: float, min_drop: float) -> F
     noise = sweep.noise()
     observed += f"; batch-to-batch noise {noise:.3g}"
     if drop < min_drop and drop <= RELIABLE_DROP * noise:
+        if learns:
+            return Finding("lr range", Status.PASSED, observed + "; flat: this task needs more steps than the sweep (sanity's overfit passed)", expected)
         return Finding(
             "lr range",
-            Status.FAILED,
+            Status.WARNING,
             observed,
             expected,
-            "the loss does not fall at any lr of the range beyond the noise of its batches: the model does not learn",
-            "run check=sanity (overfit one batch); widen the range (min_lr, max_lr) or raise steps",
+            "the loss does not fall at any lr of the range beyond the noise of its batches: a task that needs more steps than the "
+            "sweep, or a model that does not learn; check=sanity's overfit one batch tells them apart",
+            "run check=sanity (overfit one batch); raise check.stages.lr_range.steps or batch_size",
         )
     if not reliable(sweep):
         return Finding("lr range", Status.PASSED, observed + "; too flat a sweep to suggest an lr (longer sweeps, larger batches)", expected)
@@ -205,7 +210,8 @@ class LRRange(Stage):
         def run() -> Finding:
             nonlocal sweep
             sweep = sweep_lr(parts, self.step_fn, lrs, self.batch_size, self.smoothing, self.diverge_factor)
-            return range_finding(sweep, self.rule, self.min_loss_divisor, self.min_drop)
+            learns = "overfit one batch" in ctx.measured.get("passed", ())
+            return range_finding(sweep, self.rule, self.min_loss_divisor, self.min_drop, learns)
 
         result.findings.append(probe("lr range", run))
         self.sweep = sweep
