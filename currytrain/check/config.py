@@ -454,7 +454,7 @@ class FullLadderConfig(LadderConfig):
             "seeds": SeedsConfig(max_steps=200),
             "ablation": AblationConfig(max_steps=200),
             "probe": ProbeStageConfig(tasks=["copy"], max_steps=150, gate=False),
-            "capacity": CapacityConfig(widths=[64, 128], budget_steps=80),
+            "capacity": CapacityConfig(widths=[64, 128], budget_steps=60),
             "scaling": ScalingConfig(widths=[32, 40, 48, 64, 96], max_steps=200),
         }
     )
