@@ -349,7 +349,7 @@ def test_probe_copy_is_solved_with_attention_and_near_chance_without(attention, 
         assert scores[0] >= 0.9 and len(scores) == 1 and finding.status is Status.PASSED, finding  # one layer copies: 100% at 150 steps
     else:
         assert len(scores) == 2, "a miss is run again at another seed before the mechanism is called missing"
-        assert max(scores) < 1 / 8 + 0.1 and finding.status is Status.FAILED and "near chance" in finding.cause and "every one of 2 seeds" in finding.cause
+        assert max(scores) < 1 / 8 + 0.1 and finding.status is Status.FAILED and "at chance" in finding.cause and "every one of 2 seeds" in finding.cause
     events = [e for e in read_journal(ctx.run_dir / "journal.jsonl") if e["type"] == "subrun"]
     assert [e["accuracy"] for e in events] == scores and (ctx.run_dir / "probe" / "copy" / "resolved.yaml").is_file()
 
@@ -362,7 +362,7 @@ def test_probe_induction_stays_near_chance_without_attention(context, monkeypatc
     finding = _only(stage.run(ctx))
     (run,) = stage.runs["induction"]
     assert run.finished and run.measured["accuracy"] < 1 / 8 + 0.1, finding
-    assert finding.status is Status.WARNING and "near chance" in finding.cause and "accuracy >= 90%" in finding.expected, finding
+    assert finding.status is Status.WARNING and "at chance" in finding.cause and "accuracy >= 90%" in finding.expected, finding
 
 
 # ----------------------------------------------------------------------------------------------- configs

@@ -200,8 +200,8 @@ class SeedsConfig:
     max_std: float | None = None
     """Warn when the std of the final val loss across seeds exceeds this (nats); null: the relative rule below."""
     max_std_share: float = 0.1
-    """With max_std null: warn when the std exceeds this share of what the runs learned (ln C minus their mean
-    final loss, C the data's classes): noise that large means unstable training, not luck."""
+    """With max_std null: warn when the std exceeds this share of the chance loss ln C (C the data's classes; 0.55
+    nats for bytes): seeds that far apart mean unstable training, not luck."""
     overrides: list[str] = field(default_factory=list)
     """Extra overrides of every seed run ("trainer.batch_size=16")."""
 

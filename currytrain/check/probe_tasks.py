@@ -14,10 +14,12 @@ the mechanism is absent. Models that do not predict the next token (a classifier
 
 from __future__ import annotations
 
+import math
+
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
 from currytrain.check.subruns import SubRun, budget_overrides, seed_overrides, shared_data, train_subrun
 from currytrain.components import Components
-from currytrain.data.probe import ProbeTasks, accuracy
+from currytrain.data.probe import IGNORE, ProbeTasks, accuracy
 
 
 def probe_node(ctx: StageContext, task: str, num_symbols: int, seq_len: int | None = None) -> dict:
@@ -27,20 +29,30 @@ def probe_node(ctx: StageContext, task: str, num_symbols: int, seq_len: int | No
     return {"_target_": "currytrain.data.probe.ProbeTasks", "task": task, "seq_len": seq_len, "num_symbols": num_symbols, "seed": int(ctx.cfg.seed)}
 
 
+def near_chance(score: float, chance: float, answers: int) -> bool:
+    """Whether an accuracy measured on `answers` answer tokens is within noise of chance: no more than 3 binomial
+    standard errors above it (a model at 12% on a 6% task, over thousands of answers, learns; it is not at chance)."""
+    se = math.sqrt(chance * (1 - chance) / max(1, answers))
+    return score <= chance + 3 * se + 0.01
+
+
 def task_finding(task: str, runs: list[SubRun], chance: float, min_accuracy: float, gate: bool = True) -> Finding:
-    """The verdict on one task from its runs (the first, then its restarts at other seeds)."""
+    """The verdict on one task from its runs (the first, then its restarts at other seeds). A mechanism is called
+    missing only when every run stays within noise of chance; runs that learn but miss the bar warn that the budget
+    is short, unless the stage does not gate (check=ladder's short budget), where they pass with that note."""
     expected = f"accuracy >= {min_accuracy:.0%} (chance {chance:.0%}) in some run"
-    if not any(run.finished for run in runs):
+    done = [run for run in runs if run.finished]
+    if not done:
         return Finding(f"probe {task}", Status.FAILED, f"the run did not finish: {runs[0].message[:200]}", expected, "training diverged", "lower optimizer.lr")
-    scores = [run.measured["accuracy"] for run in runs if run.finished]
-    steps = next(run.measured["steps"] for run in runs if run.finished)
+    scores = [float(run.measured["accuracy"]) for run in done]
+    steps = done[0].measured["steps"]
     listed = ", ".join(f"{score:.1%}" for score in scores)
     observed = f"accuracy {listed} vs chance {chance:.0%} after {steps} steps" + (f" ({len(scores)} seeds)" if len(scores) > 1 else "")
-    if max(scores) >= min_accuracy:
+    best = max((score for score in scores if math.isfinite(score)), default=math.nan)
+    if best >= min_accuracy:
         return Finding(f"probe {task}", Status.PASSED, observed, expected)
-    near = all(score < chance + 0.5 * (min_accuracy - chance) for score in scores)
-    if near:
-        cause = f"the model stays near chance on {task} in every one of {len(scores)} seeds: it lacks the mechanism the task needs"
+    if all(near_chance(score, chance, int(run.measured.get("answers", 0))) or not math.isfinite(score) for score, run in zip(scores, done)):
+        cause = f"the model stays at chance on {task} in every one of {len(scores)} seeds: it lacks the mechanism the task needs"
         return Finding(
             f"probe {task}",
             Status.FAILED if gate else Status.WARNING,
@@ -49,14 +61,10 @@ def task_finding(task: str, runs: list[SubRun], chance: float, min_accuracy: flo
             cause,
             "check the component the task needs; or raise check.stages.probe.max_steps",
         )
-    return Finding(
-        f"probe {task}",
-        Status.WARNING,
-        observed,
-        expected,
-        f"the model learns {task} (above chance) but reaches no more than {max(scores):.0%} within the budget: the mechanism forms, slowly",
-        "raise check.stages.probe.max_steps (or the lr) to see it reach the bar",
-    )
+    note = f"the model learns {task} (above chance beyond noise) but reaches no more than {best:.0%} within the budget: the mechanism forms, slowly"
+    if not gate:
+        return Finding(f"probe {task}", Status.PASSED, f"{observed}; {note} (check=probe trains it longer)", expected)
+    return Finding(f"probe {task}", Status.WARNING, observed, expected, note, "raise check.stages.probe.max_steps (or the lr) to see it reach the bar")
 
 
 class Probe(Stage):
@@ -98,7 +106,9 @@ class Probe(Stage):
 
             def measure(trainer, task_data=task_data) -> dict:
                 batch_size = int(trainer.cfg.batch_size)  # the trainer's own node
-                return {"accuracy": accuracy(trainer.model, task_data, self.eval_batches, batch_size, trainer.state.device), "steps": trainer.step}
+                score = accuracy(trainer.model, task_data, self.eval_batches, batch_size, trainer.state.device)
+                answers = sum(int((task_data.batch("val", i, 0, batch_size)[1] != IGNORE).sum()) for i in range(self.eval_batches))
+                return {"accuracy": score, "answers": answers, "steps": trainer.step}
 
             runs = []
             base = int(ctx.cfg.seed)

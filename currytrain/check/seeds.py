@@ -5,9 +5,8 @@ between two configs that k seeds each can detect (two-sided t-test at alpha 0.05
 from the noncentral t; currytrain.stats.detectable_effect, the inverse of `currytrain compare`'s seeds-needed
 advice). Paired seeds detect less: the spread both configs share cancels. The seed runs are run folders
 under <run>/seeds/, so `currytrain compare <run>/seeds` reads them. Gate: every seed finishes (a seed that
-diverges means the config is unstable at this lr); a noise that is a large share of what the runs learned
-(`max_std_share` of the distance from chance, ln C, to the mean final loss) warns, or above `max_std` nats when
-that is set. The std is handed to later stages (ctx.measured), so that the scaling gate weighs its held-out
+diverges means the config is unstable at this lr); a noise that is a large share of the loss itself
+(`max_std_share` of the chance loss ln C, C the data's classes) warns, or above `max_std` nats when that is set. The std is handed to later stages (ctx.measured), so that the scaling gate weighs its held-out
 size against the noise measured in the same run.
 """
 
@@ -52,9 +51,8 @@ def seeds_finding(runs: list[SubRun], max_std: float | None, chance: float | Non
     failed = [run for run in runs if not run.finished]
     done = SeedStats([run.val_loss for run in runs if run.finished])
     if max_std is None:
-        learned = chance - done.mean if chance is not None and done.values else math.nan
-        limit = max_std_share * learned if math.isfinite(learned) and learned > 0 else math.inf
-        rule = f"std <= {max_std_share:g} x what the runs learned (ln C {chance:.3f} - mean)" if chance is not None else "no std limit (classes unknown)"
+        limit = max_std_share * chance if chance is not None and math.isfinite(chance) and chance > 0 else math.inf
+        rule = f"std <= {max_std_share:g} x ln C = {limit:.3g} nats" if math.isfinite(limit) else "no std limit (classes unknown)"
     else:
         limit, rule = max_std, f"std <= {max_std:g} nats"
     expected = f"every seed finishes; {rule}"
@@ -78,8 +76,8 @@ def seeds_finding(runs: list[SubRun], max_std: float | None, chance: float | Non
             Status.WARNING,
             observed,
             expected,
-            f"the seed noise ({done.std:.3g} nats) is large next to what the runs learned: training is unstable or the budget too short, "
-            "and small improvements will be indistinguishable from luck",
+            f"the seed noise ({done.std:.3g} nats) is a large share of the loss itself: seeds end far apart, so training is unstable "
+            "(a seed that spikes or stalls), and small improvements will be indistinguishable from luck",
             "run more seeds per config, a longer budget (check.stages.seeds.max_steps) or a larger eval (trainer.eval_batches)",
         )
     return Finding("seed variance", Status.PASSED, observed, expected)
