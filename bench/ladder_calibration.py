@@ -45,10 +45,14 @@ MODELS = {
     "gqa": ("repo", []),
     "moe": ("repo", ["model=moe"]),
     "spiking": ("repo", ["model=spiking"]),
+    "spiking_small": ("repo", ["model=spiking", "model.n_layers=2", "model.timesteps=2"]),
     "classifier": ("project", ["experiment=clf"]),
     "plain": ("project", ["experiment=plain"]),
 }
-"""Healthy model -> (where launch.py runs: curryTrain's checkout or the scaffolded project, its overrides)."""
+"""Healthy model -> (where launch.py runs: curryTrain's checkout or the scaffolded project, its overrides).
+spiking_small is the spiking family at 2 layers and 2 timesteps: a full ladder of the debug spiking model takes
+over an hour on 2 busy cores, so the every-gate seeds of a bounded run use it."""
+DEFAULT_MODELS = ["gqa", "moe", "spiking", "classifier", "plain"]
 
 STAGES = ("skeleton", "preflight", "sanity", "lr_range", "mup", "seeds", "ablation", "probe", "capacity", "scaling")
 
@@ -303,7 +307,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=10, help="seeds per healthy model (first-seed, first-seed + 1, ...)")
     parser.add_argument("--first-seed", type=int, default=0, help="the first healthy seed (a second batch of seeds starts after the first)")
     parser.add_argument("--zoo-seeds", type=int, default=3, help="seeds per zoo bug")
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--models", nargs="+", default=DEFAULT_MODELS, choices=list(MODELS))
     parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=list(STAGES), help="the gates of check=ladder to climb (others removed)")
     parser.add_argument("--part", choices=("healthy", "zoo", "both"), default="both")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench" / "ladder_calibration")
