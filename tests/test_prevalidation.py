@@ -20,7 +20,7 @@ from currytrain.check.mup import MupCheck
 from currytrain.check.probe_tasks import Probe
 from currytrain.check.probes import loss_of, train_step
 from currytrain.check.sanity import gather_layer_stats, stats_table
-from currytrain.check.scaling import Scaling, fit_power_law
+from currytrain.check.scaling import Noise, Scaling, fit_power_law, held_out_finding
 from currytrain.check.seeds import Seeds
 from currytrain.check.stage import StageContext, Status
 from currytrain.check.subruns import SubRun, arm_config, derive
@@ -228,6 +228,19 @@ def test_a_measured_seed_noise_widens_the_held_out_interval_toward_its_stated_co
     assert inside[seed_std] >= 26 and inside[seed_std] - inside[0.0] >= 5, inside
 
 
+def test_a_held_out_size_worse_than_the_fit_fails_and_one_better_only_warns():
+    """Above the smaller sizes' power law beyond fit and seed noise: the idea does not scale (fails). Below it (the
+    larger size left a plateau the smaller ones are still on, as a healthy 2-layer model did): a warning."""
+    sizes = np.geomspace(5e4, 2e5, 4)
+    fit = fit_power_law(list(sizes), list(1.5 + 40.0 * sizes**-0.3 + [0.01, -0.01, 0.005, -0.005]), bootstrap=50, seed_std=0.01)
+    noise = Noise(0.01, math.inf, "check.stages.scaling.seed_std, taken as known")
+    predicted = fit.predict(4e5)
+    worse = held_out_finding(fit, "dim_96", 400_000, [predicted + 0.5], noise, alpha=0.05, fail_alpha=0.001)
+    better = held_out_finding(fit, "dim_96", 400_000, [predicted - 0.5], noise, alpha=0.05, fail_alpha=0.001)
+    assert worse.status is Status.FAILED and "above" in worse.cause
+    assert better.status is Status.WARNING and "below" in better.cause
+
+
 def test_scaling_stage_fits_sizes_and_judges_the_held_out_one_against_seed_noise_it_measures(context):
     ctx = context()
     stage = Scaling(widths=[8, 16, 24, 32, 48], max_steps=8, bootstrap=50, target_params=10**6, noise_seeds=1)
@@ -241,7 +254,8 @@ def test_scaling_stage_fits_sizes_and_judges_the_held_out_one_against_seed_noise
     held = result.findings[1]
     test = held_out_test(stage.fit, stage.runs[-1].num_params, [stage.runs[-1].val_loss, stage.replicates[0].val_loss], 0.0, 1)
     assert "std of 2 seeds of dim_48 trained here" in held.observed
-    assert held.status is (Status.PASSED if test.p >= 0.05 else Status.WARNING if test.p >= 0.001 else Status.FAILED)
+    worse = test.measured > test.predicted
+    assert held.status is (Status.PASSED if test.p >= 0.05 else Status.FAILED if test.p < 0.001 and worse else Status.WARNING)
     assert (ctx.run_dir / "scaling.png").is_file()
     ctx.measured.update(seed_std=0.05, seed_count=3)  # what the seeds stage of a ladder hands on: no replicates then
     again = Scaling(widths=[8, 16, 24, 32, 48], max_steps=8, bootstrap=20)
