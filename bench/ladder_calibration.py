@@ -10,7 +10,7 @@ per (model, seed), for: gqa, moe and spiking (curryTrain's families at their def
 corpus), a classifier made by `currytrain scaffold clf --kind classifier`, and a plain-PyTorch language model
 written in this file (PLAIN_MODEL: blocks in `self.h`, its own loss and ignore index, its own parameter groups,
 none of curryTrain's layers) put into a project made by `currytrain init` + `currytrain scaffold plain`, as a new
-user would. Each gate's (stage's) verdict comes from the run's journal. Printed: per gate, the runs, the FAILs
+user would; and, with --models scaffold_lm, that project's `currytrain scaffold lm --kind lm` unchanged. Each gate's (stage's) verdict comes from the run's journal. Printed: per gate, the runs, the FAILs
 (false alarms: every model here is healthy) and the warnings, with their rates; and which findings warned.
 
 Zoo part (in this process, TINY sizes): every bug of tests/ladder_zoo.py and tests/plain_models.py planted in
@@ -48,10 +48,13 @@ MODELS = {
     "spiking_small": ("repo", ["model=spiking", "model.n_layers=2", "model.timesteps=2"]),
     "classifier": ("project", ["experiment=clf"]),
     "plain": ("project", ["experiment=plain"]),
+    "scaffold_lm": ("project", ["experiment=lm"]),
 }
 """Healthy model -> (where launch.py runs: curryTrain's checkout or the scaffolded project, its overrides).
 spiking_small is the spiking family at 2 layers and 2 timesteps: a full ladder of the debug spiking model takes
-over an hour on 2 busy cores, so the every-gate seeds of a bounded run use it."""
+over an hour on 2 busy cores, so the every-gate seeds of a bounded run use it. scaffold_lm is
+`currytrain scaffold lm --kind lm` unchanged (2 layers of dim 64 on its own arithmetic-runs data): a new user's
+first healthy model."""
 DEFAULT_MODELS = ["gqa", "moe", "spiking", "classifier", "plain"]
 
 STAGES = ("skeleton", "preflight", "sanity", "lr_range", "mup", "seeds", "ablation", "probe", "capacity", "scaling")
@@ -124,13 +127,14 @@ class {Name}Model(nn.Module):
 def make_project(folder: Path) -> Path:
     """A project as a new user makes one: currytrain init, scaffold a classifier and an lm, the lm's model replaced."""
     project = folder / "project"
-    if (project / "experiments" / "plain" / "model.py").is_file():
-        return project
     cli = [sys.executable, "-m", "currytrain.cli"]
-    subprocess.run([*cli, "init", str(project)], check=True, capture_output=True)
-    subprocess.run([*cli, "scaffold", "clf", "--kind", "classifier"], check=True, capture_output=True, cwd=project)
-    subprocess.run([*cli, "scaffold", "plain", "--kind", "lm"], check=True, capture_output=True, cwd=project)
-    (project / "experiments" / "plain" / "model.py").write_text(PLAIN_MODEL.format(Name="Plain"))
+    if not (project / "launch.py").is_file():
+        subprocess.run([*cli, "init", str(project)], check=True, capture_output=True)
+    for name, kind in (("clf", "classifier"), ("plain", "lm"), ("lm", "lm")):
+        if not (project / "experiments" / name / "model.py").is_file():
+            subprocess.run([*cli, "scaffold", name, "--kind", kind], check=True, capture_output=True, cwd=project)
+            if name == "plain":
+                (project / "experiments" / "plain" / "model.py").write_text(PLAIN_MODEL.format(Name="Plain"))
     return project
 
 
