@@ -11,7 +11,7 @@ import torch
 from omegaconf import DictConfig
 
 from currytrain.components import Components, build_components
-from currytrain.model.protocol import causal_lm_loss
+from currytrain.model.protocol import causal_lm_loss, find_blocks
 from currytrain.parallel.state import ParallelState, resolve_device
 from currytrain.trainer.step import StepResult, run_accumulated_step
 
@@ -68,9 +68,17 @@ def _synchronize(device: torch.device) -> None:
 def model_flops_per_token(model: torch.nn.Module, n_layers: int, dim: int, seq_len: int) -> float:
     """Training FLOPs per token: 6 x non-embedding parameters (forward 2, backward 4) plus attention's
     12 x layers x dim x seq (scores and weighted sum, forward and backward)."""
-    embedding = getattr(model, "tok_embeddings", None)
+    embedding = next((m for m in model.modules() if isinstance(m, torch.nn.Embedding)), None)  # the token table comes first
     params = sum(p.numel() for p in model.parameters()) - (embedding.weight.numel() if embedding is not None else 0)
     return 6 * params + 12 * n_layers * dim * seq_len
+
+
+def model_sizes(model: torch.nn.Module, model_cfg) -> tuple[int, int]:
+    """(blocks, width) of any model: its repeated blocks (currytrain.model.protocol.find_blocks) and its token
+    embedding's width, else model.dim."""
+    embedding = next((m for m in model.modules() if isinstance(m, torch.nn.Embedding)), None)
+    width = embedding.embedding_dim if embedding is not None else int(model_cfg.get("dim", 0) or 0)
+    return len(find_blocks(model)), width
 
 
 def _peak_memory_bytes(device: torch.device) -> int:
@@ -130,15 +138,17 @@ def step_benchmark(cfg: DictConfig, steps: int = 20, warmup: int = 3) -> dict[st
         times.append(time.perf_counter() - tic)
     warmup_seconds, times = sum(times[:warmup]), times[warmup:]
     splits = [_split_step(parts, batches[index % len(batches)]) for index in range(3)]
-    tokens = trainer.batch_size * trainer.grad_accum * cfg.data.seq_len
+    seq_len = int(parts.data.seq_len)
+    tokens = trainer.batch_size * trainer.grad_accum * seq_len
     median = statistics.median(times)
-    flops_per_token = model_flops_per_token(parts.model, cfg.model.n_layers, cfg.model.dim, cfg.data.seq_len)
+    n_layers, width = model_sizes(parts.module, cfg.model)
+    flops_per_token = model_flops_per_token(parts.module, n_layers, width, seq_len)
     dtype = parts.autocast_dtype or torch.float32
     # CPU: near the model's own shapes; a GPU reaches its best only on large products (at 2048 an H200 shows
     # about half of what it does at 8192), so the roofline there is the card's, not the shapes'.
-    roofline = matmul_roofline(8192 if device.type == "cuda" else max(256, min(2048, 4 * cfg.model.dim)), dtype, device)
+    roofline = matmul_roofline(8192 if device.type == "cuda" else max(256, min(2048, 4 * width)), dtype, device)
     return {
-        "config": {"model": cfg.model._target_, "dim": cfg.model.dim, "n_layers": cfg.model.n_layers, "seq_len": cfg.data.seq_len},
+        "config": {"model": cfg.model._target_, "dim": width, "n_layers": n_layers, "seq_len": seq_len},
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),

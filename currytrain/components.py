@@ -9,7 +9,7 @@ build components many times inside it (ladder stages, seeds).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from currytrain.build import allow_modules, build
 from currytrain.model import build_model
-from currytrain.model.protocol import ForwardLoss, causal_lm_loss, model_loss
+from currytrain.model.protocol import ForwardLoss, LossFn, TaskLoss, causal_lm_loss, data_ignore_index, default_loss, model_loss, task_loss
 from currytrain.optim.builders import build_scheduler
 from currytrain.parallel.compile import compile_forward_loss, compile_loss, compiles_whole
 from currytrain.parallel.state import ParallelState
@@ -43,10 +43,18 @@ class Components:
     forward_loss: ForwardLoss
     """A microbatch's forward and loss (what accumulated_step runs): under trainer.compile on one process the
     model and the loss compiled as one graph, else model_loss(model, loss_fn)."""
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = causal_lm_loss
-    """The training loss of (logits, targets); compiled under trainer.compile with parallelism."""
+    loss_fn: LossFn = causal_lm_loss
+    """The default loss of (logits, targets), ignoring the data adapter's ignore_index; compiled under
+    trainer.compile with parallelism. A model with its own loss() trains on that instead (task_loss)."""
     pipeline: Any = None
     """The PipelineRunner that steps this rank's stages under pipeline parallelism (parallel.pp > 1), else None."""
+    task_loss: TaskLoss | None = None
+    """(logits, batch) -> the task loss the trainer's eval and the ladder's probes score: the model's own loss()
+    when it has one (currytrain.model.protocol), else loss_fn. build_components sets it; None means loss_fn."""
+
+    def score(self, logits: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """The task loss of `logits` on `batch` (task_loss, else loss_fn against the targets)."""
+        return self.task_loss(logits, batch) if self.task_loss is not None else self.loss_fn(logits, batch[1])
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -54,10 +62,12 @@ class Components:
         return None if self.state.fabric is not None else PRECISION_DTYPES[self.cfg.trainer.precision]
 
 
-def build_components(cfg: DictConfig, state: ParallelState, data: Any = None) -> Components:
+def build_components(cfg: DictConfig, state: ParallelState, data: Any = None, model: torch.nn.Module | None = None) -> Components:
     """Data, then the model (seeded by cfg.seed, then parallelized for `state`), then its optimizer and schedule.
 
     data: an adapter already built from this same cfg.data (the ladder's sub-runs share one), else built here.
+    model: a module built by the caller (a test's plain nn.Module) in place of cfg.model's; everything else
+    (parallelism, optimizer, losses) is built around it exactly as around cfg.model's.
     """
     allow_modules(cfg.build.allow)
     torch.manual_seed(cfg.seed)
@@ -66,14 +76,16 @@ def build_components(cfg: DictConfig, state: ParallelState, data: Any = None) ->
     # trainer.compile: one graph of forward and loss on one process, else per block (see compiles_whole).
     whole = cfg.trainer.compile and compiles_whole(state)
     per_block = cfg.trainer.compile and not whole
-    model = parallel.apply(build_model(cfg.model), state, cfg.model, cfg.trainer.precision, compile=per_block)
+    model = parallel.apply(build_model(cfg.model) if model is None else model, state, cfg.model, cfg.trainer.precision, compile=per_block)
     # The optimizer sees the parallelized model (FSDP's sharded parameters); ZeRO-1 then wraps it.
     optimizer = parallel.wrap_optimizer(build(cfg.optimizer, exclude=["schedule"], model=model), state)
     scheduler = build_scheduler(optimizer, cfg.optimizer.schedule, cfg.trainer.max_steps)
-    loss_fn = compile_loss(causal_lm_loss) if per_block else causal_lm_loss
+    default = default_loss(data_ignore_index(data))  # the adapter's ignore_index (padding), else -100
+    loss_fn = compile_loss(default) if per_block else default
     pipeline = parallel.build_pipeline(model, state, cfg.model, loss_fn, cfg.trainer.grad_accum)
-    forward_loss = compile_forward_loss(model, loss_fn) if whole else model_loss(model, loss_fn)
-    return Components(cfg, state, data, model, optimizer, scheduler, parallel.unwrap(model, state), forward_loss, loss_fn, pipeline)
+    forward_loss = compile_forward_loss(model, loss_fn, data) if whole else model_loss(model, loss_fn, data)
+    module = parallel.unwrap(model, state)
+    return Components(cfg, state, data, model, optimizer, scheduler, module, forward_loss, loss_fn, pipeline, task_loss(model, loss_fn, data))
 
 
 @contextlib.contextmanager

@@ -97,6 +97,13 @@ def frozen_embedding(parts: Components) -> None:
     parts.model.tok_embeddings.weight.requires_grad_(False)
 
 
+def blocks(parts: Components) -> list:
+    """The repeated blocks the ladder's per-block probes see (currytrain.model.protocol.find_blocks)."""
+    from currytrain.model.protocol import find_blocks
+
+    return find_blocks(parts.model)
+
+
 # ---------------------------------------------------------------------------------------------- user stages
 
 
@@ -112,3 +119,13 @@ class CountingStage(Stage):
         count = sum(p.numel() for p in parts.model.parameters())
         status = Status.PASSED if count >= self.minimum else Status.FAILED
         return StageResult(self.name, [Finding("parameter count", status, str(count), f">= {self.minimum}", "a small model", "raise model.dim")])
+
+
+class RaisingStage(Stage):
+    """A user stage whose assessment raises: the ladder must report it as a failed finding, not crash."""
+
+    name = "boom"
+    needs_components = False
+
+    def assess(self, parts: Components, ctx: StageContext) -> StageResult:
+        return StageResult(self.name, [Finding("ratio", Status.PASSED, str(1 / 0), "")])

@@ -7,18 +7,21 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from conftest import launch
+from currytrain.build import build
 from currytrain.check.ladder import run_ladder
 from currytrain.check.preflight import Preflight
 from currytrain.check.sanity import Sanity
 from currytrain.check.skeleton import Skeleton
 from currytrain.check.stage import StageContext, Status
+from currytrain.components import build_components
 from currytrain.errors import GateFailed
 from currytrain.journal import Journal, read_journal
 from currytrain.parallel.state import ParallelState
 from currytrain.validate import validate
-from tests import ladder_zoo
+from tests import ladder_zoo, plain_models
 
 SMALL_DATA = "data.max_bytes=300000"  # the stdlib corpus, cut so each build reads it in milliseconds
 
@@ -33,6 +36,24 @@ def built(compose_cfg, tmp_path, one_thread):
         return ctx.build(), ctx
 
     return _built
+
+
+@pytest.fixture
+def plain(compose_cfg, tmp_path, one_thread):
+    """plain(bug, pad=None) -> (Components, StageContext) around tests/plain_models.PlainLM carrying `bug`, on the
+    TINY config's corpus (PaddedCorpus when pad is True/False: whether the adapter declares its pad id)."""
+
+    def _plain(bug: str = "", pad: bool | None = None, model: str = "plain"):
+        cfg = compose_cfg(SMALL_DATA)
+        ctx = StageContext(cfg, ParallelState(), tmp_path, Journal(tmp_path / "journal.jsonl"))
+        torch.manual_seed(0)
+        data = build(cfg.data)
+        if pad is not None:
+            data = plain_models.padded(data, declare_pad=pad)
+        built = plain_models.PlainLM(bug=bug) if model == "plain" else None  # None: the config's gqa, no loss of its own
+        return build_components(cfg, ctx.state, data=data, model=built), ctx
+
+    return _plain
 
 
 def _finding(result, name):
@@ -138,6 +159,87 @@ def test_val_split_that_repeats_train_is_caught(built):
     parts, ctx = built()
     ladder_zoo.val_is_train(parts)
     _caught(_preflight(parts, ctx), "no train/val overlap", "repeats the train data")
+
+
+# ------------------------------------------------------------- the zoo, widened: plain PyTorch models (issue 25)
+
+
+def _clean(result, *allowed):
+    """No finding failed or warned, except those named."""
+    alarms = [f for f in result.findings if f.status in (Status.WARNING, Status.FAILED) and f.name not in allowed]
+    assert not alarms, alarms
+
+
+def test_a_plain_model_with_its_own_loss_groups_and_blocks_climbs_without_an_alarm(plain):
+    parts, ctx = plain()
+    assert [f"h.{i}" for i in range(2)] == [name for name, _ in ladder_zoo.blocks(parts)], "blocks found, not read from model.layers"
+    assert parts.optimizer.param_groups[0]["weight_decay"] == 0.1 and parts.optimizer.param_groups[1]["weight_decay"] == 0.0, "its own groups"
+    _clean(Skeleton().assess(parts, ctx))
+    _clean(_preflight(parts, ctx))
+    sanity = Sanity(overfit_steps=150).assess(parts, ctx)
+    _clean(sanity)
+    assert "| h.1 |" in sanity.details and "nan" not in sanity.details
+
+
+@pytest.mark.parametrize("model", ["plain", "gqa"])
+def test_padding_the_loss_ignores_is_no_leak(plain, model):
+    """The plain model's own loss ignores the pad id (0); the adapter declares it for a model with no loss of its own."""
+    parts, ctx = plain(pad=model == "gqa", model=model)
+    leak = _finding(_preflight(parts, ctx), "no label leakage")
+    assert leak.status is Status.PASSED, leak
+    assert ("writes target 0" in leak.observed) is (model == "plain"), "a declared ignore_index is no filler; the model's own ignore index is seen as one"
+
+
+def test_padding_counted_in_the_loss_through_the_adapter_is_caught_as_padding(plain):
+    parts, ctx = plain(pad=False, model="gqa")
+    result = _preflight(parts, ctx)
+    _caught(result, "no label leakage", "padding counted in the loss")
+    assert "targets copied" not in _finding(result, "no label leakage").cause
+
+
+def test_blocks_that_learn_100x_slower_are_caught_by_their_group_lr(plain):
+    parts, ctx = plain("slow_blocks")
+    finding = _finding(_preflight(parts, ctx), "learning rates")
+    assert finding.status is Status.WARNING and "h.0" in finding.cause and "learn that much slower" in finding.cause, finding
+
+
+def test_a_norm_that_hides_vanishing_gradients_is_caught_by_the_block_gradients(plain):
+    parts, ctx = plain("norm_hides_vanishing")
+    sanity = Sanity(overfit_steps=1).assess(parts, ctx)
+    finding = _finding(sanity, "layer gradients")
+    assert finding.status is Status.WARNING and "vanish" in finding.cause, finding
+    assert _finding(sanity, "layer activations").status is Status.PASSED, "the norm keeps the activations looking healthy"
+
+
+def test_functional_dropout_left_on_in_eval_is_caught_once_with_its_cause(plain):
+    parts, ctx = plain("eval_dropout")
+    result = _preflight(parts, ctx)
+    others = _caught(result, "train/eval mode", "active in eval mode")
+    assert others == [], "the causality probe seeds the RNG: the dropout masks match and the mask is causal"
+    assert _finding(result, "causality").status is Status.PASSED
+
+
+def test_a_parameter_missing_from_its_own_groups_is_blamed_on_the_groups_not_on_zero_grad(plain):
+    parts, ctx = plain("missing_from_optimizer")
+    result = _preflight(parts, ctx)
+    _caught(result, "optimizer coverage", "param_groups() leaves them out")
+    zero_grad = _finding(result, "zero_grad between steps")
+    assert zero_grad.status is Status.PASSED or zero_grad.consequence_of == "optimizer coverage", zero_grad
+    assert "zero_grad() is missing" not in zero_grad.cause
+
+
+def test_an_update_of_the_wrong_sign_is_not_told_to_lower_the_lr(plain):
+    parts, ctx = plain("gradient_reversal")
+    result = _preflight(parts, ctx)
+    _caught(result, "one step lowers the loss", "does not descend at any lr")
+    assert "too high" not in _finding(result, "one step lowers the loss").cause
+
+
+def test_a_loss_of_the_wrong_sign_is_caught_as_such(plain):
+    parts, ctx = plain("negated_loss")
+    result = _preflight(parts, ctx)
+    _caught(result, "loss sign", "wrong sign")
+    assert _finding(result, "no label leakage").consequence_of == "loss sign", "not read as leaked labels"
 
 
 # ---------------------------------------------------------------------------------------- healthy families

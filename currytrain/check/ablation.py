@@ -79,9 +79,7 @@ class Ablation(Stage):
     def assess(self, parts: Components | None, ctx: StageContext) -> StageResult:
         result = StageResult(self.name)
         if not self.idea:
-            result.findings.append(
-                Finding("ablation", Status.PASSED, "no idea given: skipped", "check.stages.ablation.idea=[<override>,...] to compare an idea")
-            )
+            result.findings.append(Finding("ablation", Status.SKIPPED, "no idea given", "check.stages.ablation.idea=[<override>,...] to compare an idea"))
             return result
         for arm in (self.baseline, self.baseline + self.idea):
             arm_config(ctx, arm)  # an unknown option fails here (ConfigError), before any arm trains

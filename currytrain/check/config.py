@@ -55,7 +55,12 @@ class PreflightConfig:
     overlap_windows: int = 64
     """Val windows (of data.seq_len tokens) searched for in the train stream."""
     max_overlap: float = 0.25
-    """Largest share of those val windows allowed to occur verbatim in the train stream."""
+    """Largest share of those val windows allowed to occur verbatim in the train stream (above it fails)."""
+    warn_overlap: float = 0.05
+    """Share of val windows found in train above which the probe warns (below it, shared boilerplate is only reported)."""
+    slow_group_ratio: float = 30.0
+    """Warn when a parameter group's peak lr is more than this factor below the fastest group's (muP's hidden
+    matrices excepted): those parameters learn that many times slower."""
     near_distance: float = 0.05
     """Tables (data=digits|table): a val row within this root-mean-square distance of a train row, per feature
     in train standard deviations, is a near duplicate."""
@@ -71,6 +76,9 @@ class PreflightConfig:
         problems += positive(node, path, "leak_margin", 0.25)
         if not 0 <= node.max_overlap <= 1:
             problems.append(f"{path}.max_overlap={node.max_overlap} must be in [0, 1]: pass {path}.max_overlap=0.25")
+        if not 0 <= node.warn_overlap <= 1:
+            problems.append(f"{path}.warn_overlap={node.warn_overlap} must be in [0, 1]: pass {path}.warn_overlap=0.05")
+        problems += positive(node, path, "slow_group_ratio", 30.0)
         if not 0 <= node.max_duplicate_share <= 1:
             problems.append(f"{path}.max_duplicate_share={node.max_duplicate_share} must be in [0, 1]: pass {path}.max_duplicate_share=0.0")
         problems += positive(node, path, "near_distance", 0.05) + positive(node, path, "target_threshold", 0.99)
@@ -90,7 +98,7 @@ class SanityConfig:
     """Nats the loss at init may differ from ln(vocab_size) (a uniform prediction)."""
     overfit_sequences: int = 3
     """Sequences in the one batch the model must memorise."""
-    overfit_steps: int = 300
+    overfit_steps: int = 600
     """Most optimizer steps allowed to memorise it (stops as soon as the loss is below overfit_loss)."""
     overfit_loss: float = 0.2
     """Loss (nats/token) the batch must go below: the gate."""
@@ -189,14 +197,18 @@ class SeedsConfig:
     """Seeds trained (seed, seed+1, ...); at least 2 for a std."""
     max_steps: int | None = 400
     """Steps of each seed run (null: trainer.max_steps); 400 steps of the default 8 sequences."""
-    max_std: float = 0.05
-    """Warn when the std of the final val loss across seeds exceeds this (nats)."""
+    max_std: float | None = None
+    """Warn when the std of the final val loss across seeds exceeds this (nats); null: the relative rule below."""
+    max_std_share: float = 0.1
+    """With max_std null: warn when the std exceeds this share of the chance loss ln C (C the data's classes; 0.55
+    nats for bytes): seeds that far apart mean unstable training, not luck."""
     overrides: list[str] = field(default_factory=list)
     """Extra overrides of every seed run ("trainer.batch_size=16")."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
-        problems = at_least(node, path, ("seeds",), minimum=2) + positive(node, path, "max_std", 0.05)
+        problems = at_least(node, path, ("seeds",), minimum=2) + positive(node, path, "max_std_share", 0.1)
+        problems += positive(node, path, "max_std", 0.05) if node.max_std is not None else []
         return problems + (at_least(node, path, ("max_steps",)) if node.max_steps is not None else [])
 
 
@@ -264,7 +276,8 @@ class CapacityConfig:
 
 @dataclass
 class ScalingConfig:
-    """Stage scaling: runs at several widths, L(N) = E + A N^-alpha with bootstrap CIs, a held-out size."""
+    """Stage scaling: runs at several widths, L(N) = E + A N^-alpha with bootstrap CIs, a held-out size weighed
+    against the seed noise measured in the same run."""
 
     _target_: str = "currytrain.check.scaling.Scaling"
     widths: list[int] = field(default_factory=lambda: [32, 48, 64, 96, 128])
@@ -276,14 +289,26 @@ class ScalingConfig:
     target_params: int = 0
     """Extrapolate the fit to this many parameters (0: no extrapolation)."""
     seed_std: float = 0.0
-    """Seed-to-seed std of one run's loss (nats; check=seeds reports it): widens the bootstrap and the held-out
-    interval to at least this noise. 0: the fit's residuals stand for it."""
+    """Seed-to-seed std of one run's val loss (nats), taken as known. 0: the std the seeds stage of the same ladder
+    measured, else the std of noise_seeds extra seeds of the held-out size, trained by this stage."""
+    noise_seeds: int = 2
+    """Extra seeds of the held-out size trained when no seed noise is known (at least 1: a std needs two runs)."""
+    alpha: float = 0.05
+    """The held-out size warns when the test of "it follows the fit" gives p below this."""
+    fail_alpha: float = 0.001
+    """...and fails below this: a miss that the fit's spread and the measured seed noise leave no doubt about."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
-        problems = at_least(node, path, ("bootstrap",)) + (at_least(node, path, ("max_steps",)) if node.max_steps is not None else [])
+        problems = at_least(node, path, ("bootstrap", "noise_seeds")) + (at_least(node, path, ("max_steps",)) if node.max_steps is not None else [])
         if len(set(node.widths)) < 5:
             problems.append(f"{path}.widths={list(node.widths)} needs 5 distinct widths (4 to fit, 1 held out): pass {path}.widths=[32,48,64,96,128]")
+        if not 0 < node.fail_alpha <= node.alpha < 1:
+            problems.append(
+                f"{path}.fail_alpha={node.fail_alpha} and alpha={node.alpha} must satisfy 0 < fail_alpha <= alpha < 1: pass {path}.alpha=0.05 {path}.fail_alpha=0.001"
+            )
+        if not node.seed_std >= 0:
+            problems.append(f"{path}.seed_std={node.seed_std} must be >= 0: pass {path}.seed_std=0")
         return problems
 
 
@@ -312,12 +337,16 @@ class ProbeStageConfig:
     """Share of answer tokens right needed on every task (the gate)."""
     gate: bool = True
     """false: a task below min_accuracy warns instead of failing (check=ladder: a model may lack a mechanism on purpose)."""
+    restarts: int = 1
+    """Runs at other seeds of a task that missed the bar: a mechanism is called missing only when every run stays
+    near chance (one induction head forms later than another's)."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
         from currytrain.data.probe import TASKS
 
         problems = at_least(node, path, ("max_steps", "eval_batches")) + at_least(node, path, ("num_symbols",), minimum=2)
+        problems += at_least(node, path, ("restarts",), minimum=0)
         problems += at_least(node, path, ("seq_len",), minimum=8) if node.seq_len is not None else []
         unknown = [task for task in node.tasks if task not in TASKS]
         if unknown or not node.tasks:
@@ -422,10 +451,10 @@ class FullLadderConfig(LadderConfig):
             "sanity": SanityConfig(),
             "lr_range": LRRangeConfig(batch_size=8),
             "mup": MupCheckConfig(standard_fails=False),
-            "seeds": SeedsConfig(),
+            "seeds": SeedsConfig(max_steps=200),
             "ablation": AblationConfig(max_steps=200),
             "probe": ProbeStageConfig(tasks=["copy"], max_steps=150, gate=False),
-            "capacity": CapacityConfig(widths=[64, 128], budget_steps=80),
+            "capacity": CapacityConfig(widths=[64, 128], budget_steps=60),
             "scaling": ScalingConfig(widths=[32, 40, 48, 64, 96], max_steps=200),
         }
     )

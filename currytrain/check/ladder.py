@@ -30,18 +30,29 @@ class Ladder:
         self.stages: dict[str, Stage] = dict(stages)
         self.stop_at_failure = stop_at_failure
 
-    def climb(self, ctx: StageContext) -> list[StageResult]:
-        """Every stage's result, stopping after the first failed gate (stop_at_failure)."""
-        results = []
+    def climb(self, ctx: StageContext, results: list[StageResult] | None = None) -> list[StageResult]:
+        """Every stage's result (appended to `results` as each ends), stopping after the first failed gate
+        (stop_at_failure). A stage never raises (Stage.run turns an exception into its failed finding)."""
+        results = [] if results is None else results
         for name, stage in self.stages.items():
             log.info("check: stage %s", name)
             result = stage.run(ctx)
             result.stage = name
             results.append(result)
             record(ctx, result)
+            remember(ctx, result)
             if result.status is Status.FAILED and self.stop_at_failure:
                 break
         return results
+
+
+def remember(ctx: StageContext, result: StageResult) -> None:
+    """Hand a stage's warnings and failures to the later stages (ctx.measured["alarms"], name -> cause), and the
+    names of its passed findings (ctx.measured["passed"]): they may explain a later finding (a slow overfit by
+    preflight's tiny group lr), or settle it (a flat lr sweep of a model whose overfit passed)."""
+    alarms = ctx.measured.setdefault("alarms", {})
+    alarms.update({f.name: f.cause for f in result.findings if f.status in (Status.WARNING, Status.FAILED)})
+    ctx.measured.setdefault("passed", set()).update(f.name for f in result.findings if f.status is Status.PASSED)
 
 
 def record(ctx: StageContext, result: StageResult) -> None:
@@ -66,21 +77,22 @@ def run_ladder(cfg: DictConfig, state: ParallelState, run_dir: Path, journal: Jo
     record_group(journal, ladder_group(run_dir))  # the trackers show the sub-runs under this run
     loggers = build_loggers(cfg.logger, run_dir, enabled=state.is_main)
     ctx = StageContext(cfg, state, Path(run_dir), journal, loggers, overrides=run_overrides(Path(run_dir)))
+    results: list[StageResult] = []
     status = "failed"  # the trackers show how the ladder's own run ended: a failed gate or a crash is failed
     try:
-        results = ladder.climb(ctx)
+        results = ladder.climb(ctx, results)
         status = "failed" if any(result.status is Status.FAILED for result in results) else "finished"
     except BaseException as error:
         status = ending_status(error)
         raise
     finally:
         loggers.close(status)
-    if state.is_main:
-        from currytrain.check.report import print_table, write_report
+        if state.is_main:  # report.md is written whatever happened, with every stage that ran
+            from currytrain.check.report import print_table, write_report
 
-        path = write_report(Path(run_dir) / REPORT, results, list(ladder.stages))
-        print_table(results)
-        print(f"check: report in {path}")
+            path = write_report(Path(run_dir) / REPORT, results, list(ladder.stages))
+            print_table(results)
+            print(f"check: report in {path}")
     failed = next((result for result in results if result.status is Status.FAILED), None)
     if failed is not None:
         raise GateFailed(gate_message(failed, Path(run_dir) / REPORT))
@@ -97,10 +109,17 @@ def run_overrides(run_dir: Path) -> list[str]:
 
 
 def gate_message(result: StageResult, report: Path) -> str:
+    """The failed findings, each cause with its fix, the findings it explains listed under it."""
     lines = [f"check: stage {result.stage} failed its gate:"]
-    for finding in result.failures():
+    failures = result.failures()
+    roots = [f for f in failures if not f.consequence_of or f.consequence_of not in {g.name for g in failures}]
+    for finding in roots:
+        if finding.consequence_of:  # explained by a warning (or an earlier stage's finding): name it first
+            lines.append(f"  - {finding.consequence_of} (the cause; see the report)")
         lines.append(f"  - {finding.name}: observed {finding.observed}; expected {finding.expected}")
         lines.append(f"    cause: {finding.cause}")
         lines.append(f"    fix: {finding.fix}")
+        for consequence in (f for f in failures if f.consequence_of == finding.name and f is not finding):
+            lines.append(f"    also seen, a consequence of it: {consequence.name}: {consequence.observed}")
     lines.append(f"  report: {report}")
     return "\n".join(lines)

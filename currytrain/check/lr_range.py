@@ -12,6 +12,7 @@ state are restored afterwards; every parameter group keeps its ratio to the peak
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,17 +32,29 @@ class Sweep:
     diverged_at: float | None = None
     """The lr at which the smoothed loss passed diverge_factor x its minimum (None: it never did)."""
 
+    burn: int = 1
+    """Steps at the start whose smoothed loss still carries the moving average's warm-up (about 1 / (1 - smoothing)):
+    a steep slope there is the noise of the first batches, not the lr."""
+
     def best(self) -> int:
-        """Index of the smoothed minimum."""
-        return min(range(len(self.smoothed)), key=self.smoothed.__getitem__)
+        """Index of the smoothed minimum (the first, if several; 0 for an empty sweep)."""
+        finite = [i for i, value in enumerate(self.smoothed) if math.isfinite(value)]
+        return min(finite, key=self.smoothed.__getitem__) if finite else 0
 
     def steepest(self) -> int:
-        """Index, before the minimum, where the smoothed loss falls fastest per unit of log(lr)."""
+        """Index, before the minimum and after the warm-up, where the smoothed loss falls fastest per unit of log(lr)."""
         end = self.best()
-        if end < 2:
+        start = max(1, min(self.burn, end - 1))
+        if end - start < 1:
             return end
-        slopes = [(self.smoothed[i + 1] - self.smoothed[i - 1]) / math.log(self.lrs[i + 1] / self.lrs[i - 1]) for i in range(1, end)]
-        return 1 + min(range(len(slopes)), key=slopes.__getitem__)
+        slopes = {i: (self.smoothed[i + 1] - self.smoothed[i - 1]) / math.log(self.lrs[i + 1] / self.lrs[i - 1]) for i in range(start, end)}
+        slopes = {i: v for i, v in slopes.items() if math.isfinite(v)}
+        return min(slopes, key=slopes.get) if slopes else end
+
+    def noise(self) -> float:
+        """Std of the raw loss over the warm-up steps, where the lr is too small to move it: batch-to-batch noise."""
+        head = [v for v in self.losses[: max(2, self.burn)] if math.isfinite(v)]
+        return statistics.stdev(head) if len(head) >= 2 else 0.0
 
 
 def lr_schedule(min_lr: float, max_lr: float, steps: int) -> list[float]:
@@ -52,7 +65,7 @@ def lr_schedule(min_lr: float, max_lr: float, steps: int) -> list[float]:
 
 def sweep_lr(parts: Components, step: StepFn, lrs: list[float], batch_size: int, smoothing: float, diverge_factor: float) -> Sweep:
     """Train one step per lr on fresh batches; stop when the smoothed loss diverges."""
-    result, average = Sweep(), 0.0
+    result, average = Sweep(burn=max(1, math.ceil(1 / (1 - smoothing)))), 0.0
     peak = peak_lr(parts)
     ratios = [group.get("initial_lr", group["lr"]) / peak for group in parts.optimizer.param_groups]
     with scratch(parts):
@@ -80,7 +93,9 @@ def suggest(sweep: Sweep, rule: str, divisor: float) -> float:
     return sweep.lrs[sweep.best()] / divisor
 
 
-def range_finding(sweep: Sweep, rule: str, divisor: float, min_drop: float) -> Finding:
+def range_finding(sweep: Sweep, rule: str, divisor: float, min_drop: float, learns: bool = False) -> Finding:
+    """The sweep's verdict. `learns`: an earlier probe showed the model learns (sanity's overfit passed), so a flat
+    sweep says the task needs more steps than the sweep has, not that the model cannot learn."""
     expected = f"the smoothed loss falls by >= {min_drop:g} nats, then diverges inside the range"
     if len(sweep.smoothed) < 3:
         return Finding(
@@ -99,15 +114,22 @@ def range_finding(sweep: Sweep, rule: str, divisor: float, min_drop: float) -> F
         f"steepest descent at lr {sweep.lrs[steep]:.3g}, drop {drop:.3f} nats, "
         + (f"diverged at lr {sweep.diverged_at:.3g}" if sweep.diverged_at else "no divergence")
     )
-    if drop < min_drop:
+    noise = sweep.noise()
+    observed += f"; batch-to-batch noise {noise:.3g}"
+    if drop < min_drop and drop <= RELIABLE_DROP * noise:
+        if learns:
+            return Finding("lr range", Status.PASSED, observed + "; flat: this task needs more steps than the sweep (sanity's overfit passed)", expected)
         return Finding(
             "lr range",
-            Status.FAILED,
+            Status.WARNING,
             observed,
             expected,
-            "the loss does not fall at any lr of the range: the model does not learn",
-            "run check=sanity (overfit one batch); widen the range (min_lr, max_lr) or raise steps",
+            "the loss does not fall at any lr of the range beyond the noise of its batches: a task that needs more steps than the "
+            "sweep, or a model that does not learn; check=sanity's overfit one batch tells them apart",
+            "run check=sanity (overfit one batch); raise check.stages.lr_range.steps or batch_size",
         )
+    if not reliable(sweep):
+        return Finding("lr range", Status.PASSED, observed + "; too flat a sweep to suggest an lr (longer sweeps, larger batches)", expected)
     if sweep.diverged_at is None:
         return Finding(
             "lr range",
@@ -120,10 +142,28 @@ def range_finding(sweep: Sweep, rule: str, divisor: float, min_drop: float) -> F
     return Finding("lr range", Status.PASSED, observed, expected)
 
 
-def configured_finding(configured: float, suggested: float, tolerance: float) -> Finding:
-    ratio = configured / suggested
+RELIABLE_DROP = 4.0
+"""A suggestion is read off the sweep only when its smoothed loss falls by this many times the batch-to-batch noise..."""
+RELIABLE_SHARE = 0.1
+"""...and by this share of where it started: a sweep that moves the loss by 2% of it says little about the best lr."""
+
+
+def reliable(sweep: Sweep) -> bool:
+    """Whether the sweep falls clearly enough (beyond its noise, by a tenth of its start) to suggest an lr."""
+    if not sweep.smoothed:
+        return False
+    drop = sweep.smoothed[0] - sweep.smoothed[sweep.best()]
+    return drop >= RELIABLE_DROP * sweep.noise() and drop >= RELIABLE_SHARE * abs(sweep.smoothed[0])
+
+
+def configured_finding(configured: float, suggested: float, tolerance: float, sweep: Sweep | None = None) -> Finding:
+    ratio = configured / suggested if suggested > 0 else math.inf
     observed = f"optimizer.lr={configured:g} is {ratio:.2g}x the suggested {suggested:.3g}"
     expected = f"within a factor {tolerance:g} of the suggestion"
+    if sweep is not None and sweep.smoothed and not reliable(sweep):
+        drop, noise = sweep.smoothed[0] - sweep.smoothed[sweep.best()], sweep.noise()
+        note = f"the sweep's loss falls {drop:.3g} nats (noise {noise:.3g}, from {sweep.smoothed[0]:.3g}): too flat to suggest an lr"
+        return Finding("configured lr", Status.SKIPPED, note, expected, "", "a longer sweep (check.stages.lr_range.steps) or larger batches")
     if 1 / tolerance <= ratio <= tolerance:
         return Finding("configured lr", Status.PASSED, observed, expected)
     word = "above" if ratio > 1 else "below"
@@ -170,14 +210,15 @@ class LRRange(Stage):
         def run() -> Finding:
             nonlocal sweep
             sweep = sweep_lr(parts, self.step_fn, lrs, self.batch_size, self.smoothing, self.diverge_factor)
-            return range_finding(sweep, self.rule, self.min_loss_divisor, self.min_drop)
+            learns = "overfit one batch" in ctx.measured.get("passed", ())
+            return range_finding(sweep, self.rule, self.min_loss_divisor, self.min_drop, learns)
 
         result.findings.append(probe("lr range", run))
         self.sweep = sweep
         if len(sweep.smoothed) < 3:
             return result
         suggested = suggest(sweep, self.rule, self.min_loss_divisor)
-        result.findings.append(configured_finding(peak_lr(parts), suggested, self.lr_tolerance))
+        result.findings.append(configured_finding(peak_lr(parts), suggested, self.lr_tolerance, sweep))
         if ctx.state.is_main:
             result.figures.append(figures.lr_range(Path(ctx.run_dir) / "lr_range.png", sweep, suggested, peak_lr(parts)))
         result.details = f"Suggested: `optimizer.lr={suggested:.3g}` (rule `{self.rule}`; {len(sweep.lrs)} steps of batch {self.batch_size})."

@@ -22,23 +22,24 @@ from currytrain.build import build
 from currytrain.check import figures
 from currytrain.check.probes import get_batch
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status, probe
-from currytrain.check.subruns import model_at_width
+from currytrain.check.subruns import model_at_width, width_skipped
 from currytrain.components import Components
 from currytrain.model import build_model
-from currytrain.model.layers import RMSNorm
-from currytrain.model.protocol import causal_lm_loss
+from currytrain.model.protocol import LossFn, causal_lm_loss, find_blocks, task_loss
 
 
 def layer_types(model: torch.nn.Module) -> dict[str, list[torch.nn.Module]]:
     """Modules whose outputs are measured, by type: the embedding, each kind of block sublayer (by its
-    attribute name in the block: attention, mlp, moe, ...), and the readout."""
+    attribute name in the repeated blocks, find_blocks: attention, mlp, moe, ...; norms, whose parameters are
+    all gains, left out), and the readout."""
     types: dict[str, list[torch.nn.Module]] = {}
     embedding = next((m for m in model.modules() if isinstance(m, torch.nn.Embedding)), None)
     if embedding is not None:
         types["embedding"] = [embedding]
-    for block in getattr(model, "layers", []):
+    for _, block in find_blocks(model):
         for name, child in block.named_children():
-            if not isinstance(child, RMSNorm) and any(True for _ in child.parameters()):
+            params = list(child.parameters())
+            if params and any(p.dim() >= 2 for p in params):
                 types.setdefault(name, []).append(child)
     return types
 
@@ -83,10 +84,13 @@ def grad_scales(model: torch.nn.Module) -> dict[str, float]:
     return scales
 
 
-def measure(cfg: DictConfig, width: int, batch: tuple[torch.Tensor, torch.Tensor], steps: int, lr: float | None) -> dict[str, float]:
+def measure(
+    cfg: DictConfig, width: int, batch: tuple[torch.Tensor, torch.Tensor], steps: int, lr: float | None, loss_fn: LossFn = causal_lm_loss
+) -> dict[str, float]:
     """Train the model at `width` `steps` Adam steps on `batch`; its activation, update and gradient scales."""
     torch.manual_seed(cfg.seed)
     model = build_model(model_at_width(cfg.model, width)).to(batch[0].device)
+    score = task_loss(model, loss_fn)
     optimizer = build(cfg.optimizer, exclude=["schedule"], model=model)
     if lr is not None:  # a constant lr, every group keeping its (muP) ratio to the base lr
         for group in optimizer.param_groups:
@@ -95,7 +99,7 @@ def measure(cfg: DictConfig, width: int, batch: tuple[torch.Tensor, torch.Tensor
     before = capture(model, inputs)
     gradients: dict[str, float] = {}
     for index in range(steps):
-        causal_lm_loss(model(inputs), targets).backward()
+        score(model(inputs), (inputs, targets)).backward()
         if index == 0:
             gradients = grad_scales(model)
         optimizer.step()
@@ -163,11 +167,18 @@ class MupCheck(Stage):
 
     def assess(self, parts: Components, ctx: StageContext) -> StageResult:
         result = StageResult(self.name)
-        batch = get_batch(parts, self.batch_size)
+        if "dim" not in ctx.cfg.model:
+            result.findings.append(width_skipped("coordinate check"))
+            return result
         mup = bool(ctx.cfg.model.get("mup", False))
+        if not mup and not self.standard_fails:
+            note = "model.mup=false: the standard parameterisation is not width-invariant by design, so there is nothing to gate"
+            result.findings.append(Finding("coordinate check", Status.SKIPPED, note, "a muP model (model.mup=true)", "", "check=mup measures it"))
+            return result
+        batch = get_batch(parts, self.batch_size)
 
         def check() -> Finding:
-            per_width = [measure(ctx.cfg, width, batch, self.steps, self.lr) for width in self.widths]
+            per_width = [measure(ctx.cfg, width, batch, self.steps, self.lr, parts.loss_fn) for width in self.widths]
             self.table = {name: [scales.get(name, math.nan) for scales in per_width] for name in per_width[0]}
             return coordinate_finding(self.widths, self.table, self.tolerance, mup, self.standard_fails)
 

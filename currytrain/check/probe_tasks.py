@@ -5,38 +5,66 @@ A model that claims a mechanism (attention that can copy, an induction head, sta
 should solve the task that needs it; one that stays near chance does not have it, whatever its loss on text
 says. Each task is a run folder <run>/probe/<task>/ (the configured model and optimizer, data=probe with
 that task, `max_steps` steps). Gate: accuracy >= `min_accuracy` on every task.
+
+A task below the bar is run again at other seeds (`restarts`): a mechanism is called missing only when every
+run stays near chance; one run that reaches the bar shows the model has it (induction heads form at a
+different step in every seed), and runs that learn but stay below the bar say the budget is short, not that
+the mechanism is absent. Models that do not predict the next token (a classifier) skip the stage.
 """
 
 from __future__ import annotations
 
+import math
+
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
-from currytrain.check.subruns import SubRun, budget_overrides, train_subrun
+from currytrain.check.subruns import SubRun, budget_overrides, seed_overrides, shared_data, train_subrun
 from currytrain.components import Components
-from currytrain.data.probe import ProbeTasks, accuracy
+from currytrain.data.probe import IGNORE, ProbeTasks, accuracy
 
 
 def probe_node(ctx: StageContext, task: str, num_symbols: int, seq_len: int | None = None) -> dict:
     """data=probe's node for `task`: sequences of `seq_len` tokens (at most data.seq_len; null: data.seq_len)."""
-    seq_len = min(seq_len or int(ctx.cfg.data.seq_len), int(ctx.cfg.data.seq_len))
+    data_len = int(shared_data(ctx, ctx.cfg).seq_len)  # the adapter's own sequence length
+    seq_len = min(seq_len or data_len, data_len)
     return {"_target_": "currytrain.data.probe.ProbeTasks", "task": task, "seq_len": seq_len, "num_symbols": num_symbols, "seed": int(ctx.cfg.seed)}
 
 
-def task_finding(task: str, run: SubRun, chance: float, min_accuracy: float, gate: bool = True) -> Finding:
-    expected = f"accuracy >= {min_accuracy:.0%} (chance {chance:.0%})"
-    if not run.finished:
-        return Finding(f"probe {task}", Status.FAILED, f"the run did not finish: {run.message[:200]}", expected, "training diverged", "lower optimizer.lr")
-    score = run.measured["accuracy"]
-    observed = f"accuracy {score:.1%} vs chance {chance:.0%} after {run.measured['steps']} steps"
-    if score >= min_accuracy:
+def near_chance(score: float, chance: float, answers: int) -> bool:
+    """Whether an accuracy measured on `answers` answer tokens is within noise of chance: no more than 3 binomial
+    standard errors above it (a model at 12% on a 6% task, over thousands of answers, learns; it is not at chance)."""
+    se = math.sqrt(chance * (1 - chance) / max(1, answers))
+    return score <= chance + 3 * se + 0.01
+
+
+def task_finding(task: str, runs: list[SubRun], chance: float, min_accuracy: float, gate: bool = True) -> Finding:
+    """The verdict on one task from its runs (the first, then its restarts at other seeds). A mechanism is called
+    missing only when every run stays within noise of chance; runs that learn but miss the bar warn that the budget
+    is short, unless the stage does not gate (check=ladder's short budget), where they pass with that note."""
+    expected = f"accuracy >= {min_accuracy:.0%} (chance {chance:.0%}) in some run"
+    done = [run for run in runs if run.finished]
+    if not done:
+        return Finding(f"probe {task}", Status.FAILED, f"the run did not finish: {runs[0].message[:200]}", expected, "training diverged", "lower optimizer.lr")
+    scores = [float(run.measured["accuracy"]) for run in done]
+    steps = done[0].measured["steps"]
+    listed = ", ".join(f"{score:.1%}" for score in scores)
+    observed = f"accuracy {listed} vs chance {chance:.0%} after {steps} steps" + (f" ({len(scores)} seeds)" if len(scores) > 1 else "")
+    best = max((score for score in scores if math.isfinite(score)), default=math.nan)
+    if best >= min_accuracy:
         return Finding(f"probe {task}", Status.PASSED, observed, expected)
-    near = score < chance + 0.5 * (min_accuracy - chance)
-    cause = (
-        f"the model stays near chance on {task}: it lacks the mechanism the task needs"
-        if near
-        else f"the model learns {task} but not to the bar within the budget"
-    )
-    status = Status.FAILED if gate else Status.WARNING
-    return Finding(f"probe {task}", status, observed, expected, cause, "check the component the task needs; or raise check.stages.probe.max_steps")
+    if all(near_chance(score, chance, int(run.measured.get("answers", 0))) or not math.isfinite(score) for score, run in zip(scores, done)):
+        cause = f"the model stays at chance on {task} in every one of {len(scores)} seeds: it lacks the mechanism the task needs"
+        return Finding(
+            f"probe {task}",
+            Status.FAILED if gate else Status.WARNING,
+            observed,
+            expected,
+            cause,
+            "check the component the task needs; or raise check.stages.probe.max_steps",
+        )
+    note = f"the model learns {task} (above chance beyond noise) but reaches no more than {best:.0%} within the budget: the mechanism forms, slowly"
+    if not gate:
+        return Finding(f"probe {task}", Status.PASSED, f"{observed}; {note} (check=probe trains it longer)", expected)
+    return Finding(f"probe {task}", Status.WARNING, observed, expected, note, "raise check.stages.probe.max_steps (or the lr) to see it reach the bar")
 
 
 class Probe(Stage):
@@ -56,25 +84,50 @@ class Probe(Stage):
         eval_batches: int = 8,
         min_accuracy: float = 0.9,
         gate: bool = True,
+        restarts: int = 1,
     ):
         self.tasks, self.max_steps, self.num_symbols, self.seq_len = list(tasks), max_steps, num_symbols, seq_len
         self.overrides = ([f"trainer.batch_size={batch_size}"] if batch_size else []) + list(overrides)
-        self.eval_batches, self.min_accuracy, self.gate = eval_batches, min_accuracy, gate
-        self.runs: dict[str, SubRun] = {}
+        self.eval_batches, self.min_accuracy, self.gate, self.restarts = eval_batches, min_accuracy, gate, restarts
+        self.runs: dict[str, list[SubRun]] = {}
 
     def assess(self, parts: Components | None, ctx: StageContext) -> StageResult:
         result = StageResult(self.name)
+        data = shared_data(ctx, ctx.cfg)
+        if hasattr(data, "expected_shapes"):
+            inputs, targets = data.expected_shapes(2)
+            if tuple(inputs) != tuple(targets):
+                shapes = f"targets {tuple(targets)} for inputs {tuple(inputs)}"
+                result.findings.append(Finding("probe", Status.SKIPPED, f"not a next-token model ({shapes})", "next-token targets", "", ""))
+                return result
         for task in self.tasks:
             node = probe_node(ctx, task, self.num_symbols, self.seq_len)
-            data = ProbeTasks(**{k: v for k, v in node.items() if k != "_target_"})
+            task_data = ProbeTasks(**{k: v for k, v in node.items() if k != "_target_"})
 
-            def measure(trainer, data=data) -> dict:
+            def measure(trainer, task_data=task_data) -> dict:
                 batch_size = int(trainer.cfg.batch_size)  # the trainer's own node
-                return {"accuracy": accuracy(trainer.model, data, self.eval_batches, batch_size, trainer.state.device), "steps": trainer.step}
+                score = accuracy(trainer.model, task_data, self.eval_batches, batch_size, trainer.state.device)
+                answers = sum(int((task_data.batch("val", i, 0, batch_size)[1] != IGNORE).sum()) for i in range(self.eval_batches))
+                return {"accuracy": score, "answers": answers, "steps": trainer.step}
 
-            run = train_subrun(ctx, self.name, task, budget_overrides(self.max_steps, self.overrides), replace={"data": node}, measure=measure)
-            self.runs[task] = run
-            result.findings.append(task_finding(task, run, data.chance, self.min_accuracy, self.gate))
-        rows = [f"| {task} | {run.measured.get('accuracy', float('nan')):.1%} | {run.val_loss:.4f} | {run.seconds:.0f} |" for task, run in self.runs.items()]
-        result.details = "\n".join(["| task | accuracy | val loss on answers | seconds |", "|---|---:|---:|---:|", *rows])
+            runs = []
+            base = int(ctx.cfg.seed)
+            for attempt in range(1 + self.restarts):
+                seeds = seed_overrides(ctx, base + attempt) if attempt else []
+                name = task if not attempt else f"{task}_seed_{base + attempt}"
+                seeded_node = dict(node, seed=base + attempt)
+                run = train_subrun(
+                    ctx, self.name, name, budget_overrides(self.max_steps, self.overrides) + seeds, replace={"data": seeded_node}, measure=measure
+                )
+                runs.append(run)
+                if run.finished and run.measured["accuracy"] >= self.min_accuracy:
+                    break
+            self.runs[task] = runs
+            result.findings.append(task_finding(task, runs, task_data.chance, self.min_accuracy, self.gate))
+        rows = [
+            f"| {run.name} | {run.measured.get('accuracy', float('nan')):.1%} | {run.val_loss:.4f} | {run.seconds:.0f} |"
+            for runs in self.runs.values()
+            for run in runs
+        ]
+        result.details = "\n".join(["| run | accuracy | val loss on answers | seconds |", "|---|---:|---:|---:|", *rows])
         return result

@@ -1,5 +1,8 @@
 """Pieces the stages share: a batch, the loss a training step computes, one training step, and a scratch
-context that puts the model and optimizer back as they were after a probe trained them."""
+context that puts the model and optimizer back as they were after a probe trained them. The loss is the
+run's (Components: the model's own loss() when it has one), and the sizes a probe needs (classes, input
+vocabulary, sequence length) come from the data adapter or the model's outputs, never from config field
+names (currytrain.model.protocol)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,6 @@ from collections.abc import Callable, Iterator
 import torch
 
 from currytrain.components import Components
-from currytrain.model.protocol import HasAuxiliaryLoss, causal_lm_loss
 from currytrain.trainer.step import Batch, StepResult, run_accumulated_step
 
 StepFn = Callable[[Components, Batch], StepResult]
@@ -19,9 +21,12 @@ StepFn = Callable[[Components, Batch], StepResult]
 
 
 def train_step(parts: Components, batch: Batch) -> StepResult:
-    """The trainer's own step (forward, backward, clip, finiteness check, optimizer step, zero_grad)."""
+    """The trainer's own step (forward, backward, clip, finiteness check, optimizer step, zero_grad) on the
+    run's loss (the model's own when it has one)."""
     clip = parts.cfg.trainer.grad_clip
-    return run_accumulated_step(parts.model, parts.optimizer, [batch], loss_fn=causal_lm_loss, grad_clip=clip, autocast_dtype=parts.autocast_dtype)
+    return run_accumulated_step(
+        parts.model, parts.optimizer, [batch], loss_fn=parts.loss_fn, forward_loss=parts.forward_loss, grad_clip=clip, autocast_dtype=parts.autocast_dtype
+    )
 
 
 def get_batch(parts: Components, batch_size: int, split: str = "train", step: int = 0) -> Batch:
@@ -30,20 +35,29 @@ def get_batch(parts: Components, batch_size: int, split: str = "train", step: in
 
 
 def loss_of(parts: Components, batch: Batch, *, with_aux: bool = True) -> torch.Tensor:
-    """The loss a training step backpropagates: the task loss plus the model's auxiliary loss (MoE)."""
-    inputs, targets = batch
+    """The loss a training step backpropagates (with_aux: the task loss plus the model's auxiliary loss), or the
+    task loss alone: the run's own forward_loss, so the model's loss() when it has one."""
     dtype = parts.autocast_dtype
     with torch.autocast(parts.state.device.type, dtype=dtype, enabled=dtype is not None):
-        loss = causal_lm_loss(parts.model(inputs), targets)
-        if with_aux and isinstance(parts.model, HasAuxiliaryLoss):
-            loss = loss + parts.model.auxiliary_loss()
-    return loss
+        task, training = parts.forward_loss(*batch)
+    return training if with_aux else task
+
+
+@contextlib.contextmanager
+def seeded(parts: Components, seed: int = 0) -> Iterator[None]:
+    """The block runs on torch's RNG seeded with `seed`, the RNG state outside it untouched: two forwards in
+    seeded blocks draw the same dropout masks, so a comparison sees the change it made and not the noise."""
+    devices = [parts.state.device] if parts.state.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
 
 
 @torch.no_grad()
-def eval_loss(parts: Components, batch: Batch) -> float:
-    """The task loss in eval mode, the model's mode restored afterwards."""
-    with eval_mode(parts.model):
+def eval_loss(parts: Components, batch: Batch, seed: int = 0) -> float:
+    """The task loss in eval mode on a seeded RNG (randomness left on in eval cannot make two evaluations of the
+    same weights differ), the model's mode restored afterwards."""
+    with eval_mode(parts.model), seeded(parts, seed):
         return float(loss_of(parts, batch, with_aux=False))
 
 
@@ -60,18 +74,18 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def scratch(parts: Components, lr: str | float | None = None) -> Iterator[None]:
+def scratch(parts: Components, lr: str | float | None = None, scale: float = 1.0) -> Iterator[None]:
     """Train freely inside the block; the weights, optimizer state and learning rates are restored after.
 
-    lr: None keeps the scheduled lr of step 0, "peak" sets every group to the lr the schedule peaks at,
-    a number sets every group to it.
+    lr: None keeps the scheduled lr of step 0, "peak" sets every group to the lr the schedule peaks at (times
+    `scale`), a number sets every group to it.
     """
     weights = copy.deepcopy(parts.model.state_dict())
     optimizer_state = copy.deepcopy(parts.optimizer.state_dict())
     lrs = [group["lr"] for group in parts.optimizer.param_groups]
     for group in parts.optimizer.param_groups:
         if lr == "peak":
-            group["lr"] = group.get("initial_lr", group["lr"])
+            group["lr"] = group.get("initial_lr", group["lr"]) * scale
         elif lr is not None:
             group["lr"] = float(lr)
     try:
@@ -82,6 +96,7 @@ def scratch(parts: Components, lr: str | float | None = None) -> Iterator[None]:
         for group, value in zip(parts.optimizer.param_groups, lrs):
             group["lr"] = value
         parts.optimizer.zero_grad(set_to_none=True)
+        parts.model.zero_grad(set_to_none=True)  # parameters outside the optimizer too
 
 
 def peak_lr(parts: Components) -> float:
@@ -106,8 +121,43 @@ def expected_shapes(parts: Components, batch_size: int) -> tuple[tuple[int, ...]
 
 
 def num_classes(parts: Components) -> int:
-    """C, the classes the targets index: the adapter's `num_classes` when it has one, else model.vocab_size."""
-    return int(getattr(parts.data, "num_classes", None) or parts.cfg.model.vocab_size)
+    """C, the classes the targets index: the adapter's `num_classes` when it has one, else the width of the
+    model's logits (their last dimension)."""
+    declared = getattr(parts.data, "num_classes", None)
+    if declared:
+        return int(declared)
+    return output_size(parts, get_batch(parts, 1))
+
+
+def input_vocab(parts: Components, inputs: torch.Tensor | None = None) -> int | None:
+    """How many token ids the model takes: the rows of the embedding table its forward looks the input ids up
+    in (found by running it), else the adapter's `vocab_size`; None when neither says (not a token model)."""
+    inputs = get_batch(parts, 1)[0] if inputs is None else inputs
+    seen: list[torch.nn.Embedding] = []
+
+    def look(module, args):
+        if args and isinstance(args[0], torch.Tensor) and args[0].shape == inputs.shape and torch.equal(args[0], inputs):
+            seen.append(module)
+
+    handles = [m.register_forward_pre_hook(look) for m in parts.model.modules() if isinstance(m, torch.nn.Embedding)]
+    try:
+        with torch.no_grad(), eval_mode(parts.model):
+            parts.model(inputs)
+    except Exception:  # ids outside the table raise after the hook saw them; any other error is another probe's
+        pass
+    finally:
+        for handle in handles:
+            handle.remove()
+    if seen:
+        return int(seen[0].num_embeddings)
+    declared = getattr(parts.data, "vocab_size", None)
+    return int(declared) if declared else None
+
+
+def data_vocab(parts: Components) -> int | None:
+    """How many token ids the data adapter yields (its `vocab_size`), else the model's input vocabulary."""
+    declared = getattr(parts.data, "vocab_size", None)
+    return int(declared) if declared else input_vocab(parts)
 
 
 def next_token_task(batch: Batch) -> bool:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from currytrain.check.stage import StageResult, Status
 
-MARKS = {Status.PASSED: "PASS", Status.WARNING: "WARN", Status.FAILED: "FAIL"}
+MARKS = {Status.SKIPPED: "SKIP", Status.PASSED: "PASS", Status.WARNING: "WARN", Status.FAILED: "FAIL"}
 
 
 def _cell(text: str) -> str:
@@ -18,9 +18,10 @@ def stage_section(result: StageResult) -> list[str]:
     lines = [f"## {result.stage}: {result.status.value} ({result.seconds:.1f} s)", "", "| check | status | observed | expected | s |", "|---|---|---|---|---:|"]
     lines += [f"| {f.name} | {MARKS[f.status]} | {_cell(f.observed)} | {_cell(f.expected)} | {f.seconds:.2f} |" for f in result.findings]
     lines.append("")
-    for finding in result.findings:
-        if finding.status is not Status.PASSED:
-            lines += [f"**{finding.name}** ({finding.status.value}): {finding.cause}.", f"Fix: {finding.fix}.", ""]
+    alarms = [f for f in result.findings if f.status in (Status.WARNING, Status.FAILED)]
+    for finding in sorted(alarms, key=lambda f: bool(f.consequence_of)):  # each cause before its consequences
+        under = f" (a consequence of **{finding.consequence_of}**)" if finding.consequence_of else ""
+        lines += [f"**{finding.name}** ({finding.status.value}){under}: {finding.cause}.", f"Fix: {finding.fix}.", ""]
     lines += [f"![{Path(figure).stem}]({Path(figure).name})" for figure in result.figures]
     if result.figures:
         lines.append("")
@@ -46,14 +47,24 @@ def print_table(results: list[StageResult]) -> None:
     from rich.table import Table
 
     colours = {Status.PASSED: "green", Status.WARNING: "yellow", Status.FAILED: "bold red"}
+    colours[Status.SKIPPED] = "dim"
     table = Table(title="validation ladder")
-    for column in ("stage", "check", "status", "observed", "expected"):
-        table.add_column(column, overflow="fold")
+    table.add_column("stage", no_wrap=True)
+    table.add_column("check", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    table.add_column("observed", overflow="fold")
     for result in results:
         for index, finding in enumerate(result.findings):
             stage = result.stage if index == 0 else ""
-            table.add_row(stage, finding.name, f"[{colours[finding.status]}]{MARKS[finding.status]}[/]", finding.observed, finding.expected)
+            observed = finding.observed if len(finding.observed) <= OBSERVED_WIDTH else finding.observed[: OBSERVED_WIDTH - 1] + "…"
+            table.add_row(stage, finding.name, f"[{colours[finding.status]}]{MARKS[finding.status]}[/]", observed)
     console = Console()
-    if not console.is_terminal:  # a log file is not 80 columns wide
-        console = Console(width=200)
+    if not console.is_terminal:  # a log file: a width that reads in an 80-to-120-column terminal
+        console = Console(width=TABLE_WIDTH)
     console.print(table)
+
+
+TABLE_WIDTH = 120
+"""Columns of the console table when stdout is not a terminal; report.md keeps every finding whole."""
+OBSERVED_WIDTH = 160
+"""Characters of a finding's observation on the console (folded over two lines at most); report.md has all of it."""

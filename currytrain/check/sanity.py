@@ -15,6 +15,7 @@ from currytrain.check.probes import StepFn, chance_loss, eval_loss, get_batch, n
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status, crash_finding, probe
 from currytrain.components import Components
 from currytrain.logger.base import MultiLogger
+from currytrain.model.protocol import find_blocks
 
 
 def init_loss(parts: Components, batch_size: int, batches: int, tolerance: float) -> Finding:
@@ -25,14 +26,25 @@ def init_loss(parts: Components, batch_size: int, batches: int, tolerance: float
     chance = chance_loss(classes)
     observed = f"{observed_loss:.4f} nats/token"
     expected = f"-log(1/{classes}) = {chance:.4f} +- {tolerance:g}"
+    if math.isfinite(observed_loss) and observed_loss < 0:
+        return Finding(
+            "init loss",
+            Status.FAILED,
+            observed,
+            expected,
+            "a negative loss: a cross-entropy is never below 0, so the loss has the wrong sign (a log-likelihood "
+            "returned without its minus): the run maximises the error",
+            "return the negative log-likelihood (F.cross_entropy) from the model's loss()",
+        )
     if not math.isfinite(observed_loss) or observed_loss > chance + tolerance:
         return Finding(
             "init loss",
             Status.FAILED,
             observed,
             expected,
-            "too high: the logits are large at init (init scale too big), or the outputs are not raw logits (double softmax)",
-            f"lower model.init_std (now {parts.cfg.model.get('init_std', '?')}; 0.02 is usual), and return raw logits",
+            "too high: the logits are large at init (init scale too big), or the outputs are not raw logits (double softmax); "
+            "skeleton's 'outputs are logits' tells the two apart",
+            "lower the init scale (model.init_std for curryTrain's families; 0.02 is usual), and return raw logits",
         )
     if observed_loss < chance - tolerance:
         return Finding(
@@ -68,18 +80,21 @@ def overfit_one_batch(parts: Components, step: StepFn, sequences: int, max_steps
         final = eval_loss(parts, batch)
     losses = curve.losses
     expected = f"< {threshold:g} within {max_steps} steps"
-    observed = f"{final:.4f} after {len(losses)} steps at lr={lr:g} (start {losses[0]:.3f}, best {min(losses):.3f})"
+    observed = f"{final:.4f} in eval mode after {len(losses)} steps at lr={lr:g} (train-mode step losses: first {losses[0]:.3f}, lowest {min(losses):.3f})"
     if final < threshold:
         return Finding("overfit one batch", Status.PASSED, observed, expected)
     chance = chance_loss(output_size(parts, batch))
     if not math.isfinite(final) or final > losses[0]:
-        cause, fix = f"the loss diverged: lr={lr:g} is too high", f"lower optimizer.lr (try {lr / 10:g}) or set trainer.grad_clip=1.0"
+        cause, fix = f"the loss diverged: lr={lr:g} is too high", "lower optimizer.lr (check=lr_range suggests one) or set trainer.grad_clip=1.0"
     elif min(losses) > chance - 1.5:
-        cause = f"the loss cannot go far below chance ln(C)={chance:.2f}: the outputs are bounded (a softmax before the loss: double softmax), or the gradients do not reach the weights"
+        cause = (
+            f"the loss cannot go far below chance ln(C)={chance:.2f}: the outputs are bounded (a softmax before the loss: double softmax), "
+            "or the gradients do not reach the weights; skeleton's 'outputs are logits' and preflight's 'gradient flow' tell the two apart"
+        )
         fix = "return raw logits; run check=preflight for gradient flow"
     else:
         cause, fix = (
-            "the model learns, but too slowly to memorise one batch",
+            SLOW,
             "raise check.stages.sanity.overfit_steps or optimizer.lr; a too-small model cannot memorise either",
         )
     return Finding("overfit one batch", Status.FAILED, observed, expected, cause, fix)
@@ -87,7 +102,7 @@ def overfit_one_batch(parts: Components, step: StepFn, sequences: int, max_steps
 
 @dataclass
 class LayerStats:
-    """Per block of model.layers, over the stats steps."""
+    """Per repeated block (find_blocks), over the stats steps."""
 
     activation_mean: list[float]
     activation_std: list[float]
@@ -104,9 +119,8 @@ class LayerStats:
 
 
 def _blocks(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
-    if hasattr(model, "layers"):
-        return [(f"layers.{index}", block) for index, block in enumerate(model.layers)]
-    return list(model.named_children())
+    """The repeated blocks (the model's repeated_blocks(), else found in its module tree)."""
+    return find_blocks(model)
 
 
 def gather_layer_stats(parts: Components, step: StepFn, batch_size: int, steps: int, loggers: MultiLogger) -> LayerStats:
@@ -120,7 +134,7 @@ def gather_layer_stats(parts: Components, step: StepFn, batch_size: int, steps: 
     before: dict[int, list[torch.Tensor]] = {}
     handles = []
     for index, (_, block) in enumerate(blocks):
-        handles.append(block.register_forward_hook(lambda module, args, out, i=index: outputs[i].append(_first_tensor(out).detach().float())))
+        handles.append(block.register_forward_hook(lambda module, args, out, i=index: _keep(outputs[i], out)))
         for linear in (m for m in block.modules() if isinstance(m, torch.nn.Linear)):
             handles.append(linear.register_forward_pre_hook(lambda module, args, i=index: dead[i].append(_dead_share(args[0]))))
 
@@ -171,12 +185,25 @@ def _grad_row(block: torch.nn.Module) -> list[float]:
     return [float(flat.norm()), float(flat.mean()), float(flat.std()) if flat.numel() > 1 else 0.0, float(flat.abs().max())]
 
 
-def _first_tensor(out) -> torch.Tensor:
-    return out if isinstance(out, torch.Tensor) else next(t for t in out if isinstance(t, torch.Tensor))
+def _first_tensor(out) -> torch.Tensor | None:
+    """A block's output tensor: itself, or the first floating tensor of a tuple/list it returns (None if none)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)):
+        return next((t for t in out if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
+    return None
+
+
+def _keep(outputs: list[torch.Tensor], out) -> None:
+    tensor = _first_tensor(out)
+    if tensor is not None and tensor.is_floating_point():
+        outputs.append(tensor.detach().float())
 
 
 def _dead_share(x: torch.Tensor) -> float:
     """Share of features (last dim) that are zero on every token: units that never fire."""
+    if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.numel() == 0:
+        return 0.0
     flat = x.detach().reshape(-1, x.shape[-1])
     return float((flat.abs().amax(0) == 0).float().mean())
 
@@ -194,14 +221,27 @@ def _log_histograms(loggers: MultiLogger, blocks, outputs: dict[int, list[torch.
 
 
 def layer_findings(stats: LayerStats, names: list[str], ratio: float, growth: float, dead_limit: float) -> list[Finding]:
+    if not names:
+        note = "no repeated blocks found in the model"
+        fix = "declare them with repeated_blocks() (currytrain.model.protocol) if the model has any"
+        return [Finding(name, Status.SKIPPED, note, "per-block statistics", "", fix) for name in ("layer gradients", "layer activations", "dead units")]
     findings = []
     norms, stds = stats.grad_norm, stats.activation_std
-    finite = all(math.isfinite(v) for v in norms + stds)
+    ran = [i for i in range(len(names)) if not math.isnan(stats.activation_max[i])]  # a block with no output captured: nan
+    idle = [names[i] for i in range(len(names)) if i not in ran]
+    finite = all(math.isfinite(v) for v in norms) and all(math.isfinite(stats.activation_max[i]) for i in ran)
     expected = "finite, non-zero gradient norm in every block"
     observed = "grad norms " + ", ".join(f"{n:.2g}" for n in norms)
     if not finite:
         findings.append(
-            Finding("layer gradients", Status.FAILED, observed, expected, "non-finite gradients or activations", "lower optimizer.lr or model.init_std")
+            Finding(
+                "layer gradients",
+                Status.FAILED,
+                observed,
+                expected,
+                "non-finite gradients or activations in the blocks during training",
+                "lower optimizer.lr or the init scale; look for log(0) or division by zero in the blocks",
+            )
         )
     elif any(n == 0 for n in norms):
         zero = [names[i] for i, n in enumerate(norms) if n == 0]
@@ -212,24 +252,29 @@ def layer_findings(stats: LayerStats, names: list[str], ratio: float, growth: fl
                 observed,
                 expected,
                 f"dead layer: {', '.join(zero)} get no gradient",
-                "check the init and the connections of these blocks",
+                "check the init and the connections of these blocks (check=preflight's gradient flow names the parameters)",
             )
         )
     elif max(norms) > 0 and min(norms) / max(norms) < ratio:
+        low, high = min(range(len(norms)), key=norms.__getitem__), max(range(len(norms)), key=norms.__getitem__)
         findings.append(
             Finding(
                 "layer gradients",
                 Status.WARNING,
                 observed,
                 f"min/max block gradient norm >= {ratio:g}",
-                "gradients vanish or explode with depth",
-                "check the residual connections, norms and init scaling",
+                f"gradients vanish or explode with depth: {names[low]} gets {norms[low] / norms[high]:.2g} of {names[high]}'s gradient norm "
+                "(a norm can keep the activations looking healthy while the gradient through saturated or shrunk paths vanishes)",
+                "check the residual connections (x + f(x)), saturating activations before norms, and the init scaling",
             )
         )
     else:
         findings.append(Finding("layer gradients", Status.PASSED, observed, expected))
     observed = "activation std " + ", ".join(f"{s:.2g}" for s in stds)
-    if finite and stds and stds[0] > 0 and stds[-1] / stds[0] > growth:
+    if idle:
+        observed += f"; never ran: {', '.join(idle)}"
+    measured = [stds[i] for i in ran if math.isfinite(stds[i])]
+    if finite and len(measured) >= 2 and measured[0] > 0 and measured[-1] / measured[0] > growth:
         findings.append(
             Finding(
                 "layer activations",
@@ -242,9 +287,9 @@ def layer_findings(stats: LayerStats, names: list[str], ratio: float, growth: fl
         )
     else:
         findings.append(Finding("layer activations", Status.PASSED if finite else Status.FAILED, observed, f"last/first block std <= {growth:g}"))
-    worst = max(range(len(names)), key=lambda i: stats.dead_fraction[i]) if names else 0
-    share = stats.dead_fraction[worst] if names else 0.0
-    observed = f"at most {share:.0%} dead inputs to linear layers ({names[worst] if names else '-'})"
+    worst = max(range(len(names)), key=lambda i: stats.dead_fraction[i])
+    share = stats.dead_fraction[worst]
+    observed = f"at most {share:.0%} dead inputs to linear layers ({names[worst]})"
     if share > dead_limit:
         findings.append(
             Finding(
@@ -272,7 +317,7 @@ class Sanity(Stage):
         batch_size: int = 8,
         init_tolerance: float = 0.5,
         overfit_sequences: int = 3,
-        overfit_steps: int = 300,
+        overfit_steps: int = 600,
         overfit_loss: float = 0.2,
         stats_steps: int = 5,
         vanishing_ratio: float = 1e-3,
@@ -307,10 +352,32 @@ class Sanity(Stage):
         layers = layer_findings(stats, names, self.vanishing_ratio, self.activation_growth, self.dead_fraction)
         layers[0].seconds = time.perf_counter() - started  # the steps that gathered all three
         result.findings += layers
-        if ctx.state.is_main:
+        explain_slow_overfit(result.findings, ctx.measured.get("alarms", {}))
+        if ctx.state.is_main and names:
             result.figures.append(figures.layer_stats(Path(ctx.run_dir) / "sanity_layers.png", names, stats))
-        result.details = stats_table(names, stats)
+        result.details = stats_table(names, stats) if names else ""
         return result
+
+
+SLOW = "the model learns, but too slowly to memorise one batch"
+
+
+def explain_slow_overfit(findings: list[Finding], earlier: dict[str, str]) -> None:
+    """A batch learnt too slowly is often the symptom of a bug another probe names: gradients that vanish with
+    depth (this stage's layer gradients), or parameters that train at a tiny lr (preflight's learning rates).
+    Then the overfit failure is reported under that probe, which tells the causes apart."""
+    overfit = next((f for f in findings if f.name == "overfit one batch" and f.status is Status.FAILED and f.cause.startswith(SLOW)), None)
+    if overfit is None:
+        return
+    gradients = next((f for f in findings if f.name == "layer gradients" and f.status is Status.WARNING and "vanish" in f.cause), None)
+    if gradients is not None:
+        overfit.consequence_of = gradients.name
+        overfit.cause = f"{SLOW}: a consequence of the gradients that vanish with depth (layer gradients: {gradients.observed})"
+        overfit.fix = gradients.fix
+    elif "learning rates" in earlier:
+        overfit.consequence_of = "learning rates"
+        overfit.cause = f"{SLOW}: a consequence of parameters that train at a tiny lr (preflight's learning rates: {earlier['learning rates']})"
+        overfit.fix = "fix the per-group lr (see learning rates)"
 
 
 def stats_table(names: list[str], stats: LayerStats) -> str:

@@ -2,62 +2,158 @@
 
 Each size is the configured model at another width (model.dim, hidden sizes scaled alike), trained for the
 same number of steps, so every run sees the same tokens D and its compute is C = 6 N D; the compute form
-L(C) = E + B * C^-alpha is the same fit with N replaced by C. The fit and its bootstrap intervals are
-currytrain.stats.fits: the prediction's interval adds the noise of one run, the fit's residual std or, when
-`seed_std` gives a measured seed-to-seed std (check=seeds' std), the larger of the two, which then also
-drives the bootstrap. The largest size is held out: it is predicted from the others, and the gate is that
-its measured loss lies inside the stated interval.
+L(C) = E + B * C^-alpha is the same fit with N replaced by C. The fitted quantity is each run's final val loss:
+the quantity whose seed-to-seed noise the seeds stage measures. The largest size is held out and predicted
+from the others, and the gate weighs the miss against the noise measured in the same run
+(currytrain.stats.held_out_test): the fit's bootstrap spread plus the seed noise of one run, with the degrees
+of freedom of the seeds it was measured on. That noise is, in order: `seed_std` when given (taken as known),
+the std the seeds stage of this ladder measured, else the std of `noise_seeds` extra seeds of the held-out
+size, which this stage then trains. A miss with p below `fail_alpha` fails; below `alpha` warns.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from currytrain.check import figures
-from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
-from currytrain.check.subruns import SubRun, budget_overrides, train_subrun, width_overrides
+from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status, crash_finding
+from currytrain.check.subruns import SubRun, budget_overrides, seed_overrides, shared_data, train_subrun, width_overrides, width_skipped
 from currytrain.components import Components
-from currytrain.stats.fits import PowerLawFit, fit_power_law
+from currytrain.stats.fits import PowerLawFit, fit_power_law, held_out_test
 
-__all__ = ["PowerLawFit", "Scaling", "fit_power_law", "held_out_finding", "width_overrides"]
+__all__ = ["Noise", "PowerLawFit", "Scaling", "fit_power_law", "held_out_finding", "scaling_findings", "width_overrides"]
 
 
-def held_out_finding(fit: PowerLawFit, held: SubRun) -> Finding:
-    low, high = fit.prediction_interval(held.num_params)
-    predicted = fit.predict(held.num_params)
-    observed = f"{held.name} ({held.num_params:,} params): measured {held.train_loss:.4f}, predicted {predicted:.4f} [{low:.4f}, {high:.4f}]"
-    expected = "the measured loss inside the 95% prediction interval of the fit to the smaller sizes"
-    if low <= held.train_loss <= high:
-        return Finding("held-out size", Status.PASSED, observed, expected)
-    return Finding(
-        "held-out size",
-        Status.FAILED,
-        observed,
-        expected,
-        "the smaller sizes do not predict the larger one: the loss is not a power law of size here (too few steps, a "
-        "size past saturation, or noise larger than the gaps between sizes)",
-        "use more steps (check.stages.scaling.max_steps), sizes further apart, or check=capacity to find the saturation",
+@dataclass(frozen=True)
+class Noise:
+    """The seed-to-seed std of one run's loss and where it comes from."""
+
+    std: float
+    dof: float
+    """Seeds it was measured on minus one; inf for a value taken as known."""
+    source: str
+
+
+def held_out_finding(fit: PowerLawFit, name: str, num_params: int, measured: list[float], noise: Noise, alpha: float, fail_alpha: float) -> Finding:
+    """The held-out size's mean loss against the fit's prediction, in units of the fit's spread and the noise."""
+    test = held_out_test(fit, num_params, measured, noise.std, noise.dof)
+    low, high = test.interval(1 - alpha)
+    runs = f"mean of {len(measured)} seeds" if len(measured) > 1 else "one seed"
+    observed = (
+        f"{name} ({num_params:,} params): measured {test.measured:.4f} ({runs}), predicted {test.predicted:.4f} "
+        f"[{low:.4f}, {high:.4f}], p = {test.p:.3g} (noise {noise.std:.3g}: {noise.source})"
     )
+    expected = (
+        f"the held-out size inside the fit's {1 - alpha:.0%} interval, which adds the seed noise measured in this run "
+        f"(fails above it at p < {fail_alpha:g}; below it only warns)"
+    )
+    if test.p >= alpha:
+        return Finding("held-out size", Status.PASSED, observed, expected)
+    if test.measured < test.predicted:  # better than the smaller sizes promise: nothing fails to scale
+        cause = (
+            "the held-out size lands below the power law of the smaller sizes by more than their fit and the seed noise explain: "
+            "the larger model learns something the smaller ones do not (a capability that appears with size, or smaller sizes "
+            "stuck on a plateau), so the fit underestimates what size buys"
+        )
+        fix = "use more steps (check.stages.scaling.max_steps) or larger sizes, so that every fitted size is past the plateau"
+        return Finding("held-out size", Status.WARNING, observed, expected, cause, fix)
+    cause = (
+        "the held-out size lands above the power law of the smaller sizes by more than their fit and the seed noise explain "
+        "(too few steps for the larger model, a size past saturation, or a width-dependent bug: an init or lr that does not scale)"
+    )
+    fix = "use more steps (check.stages.scaling.max_steps), sizes further apart, check=capacity for the saturation, check=mup for width-dependence"
+    return Finding("held-out size", Status.FAILED if test.p < fail_alpha else Status.WARNING, observed, expected, cause, fix)
+
+
+def scaling_findings(
+    sizes: list[int],
+    losses: list[float],
+    held_name: str,
+    held_size: int,
+    held_losses: list[float],
+    noise: Noise,
+    *,
+    bootstrap: int = 500,
+    seed: int = 0,
+    tokens: int = 0,
+    target_params: int = 0,
+    alpha: float = 0.05,
+    fail_alpha: float = 0.001,
+) -> tuple[list[Finding], PowerLawFit | None]:
+    """The stage's assessment of measured losses: the fit, the held-out test, the extrapolation. It never raises:
+    values no power law fits (not finite, one distinct size) are a failed finding that says so."""
+    try:
+        fit = fit_power_law(sizes, losses, bootstrap, seed, noise.std if math.isfinite(noise.std) else 0.0)
+    except ValueError as error:
+        return [
+            Finding("scaling fit", Status.FAILED, str(error), f"a power law through {len(sizes)} sizes", "the runs gave no losses to fit", "see the runs")
+        ], None
+    try:
+        low, high = fit.alpha_interval()
+        observed = f"L(N) = {fit.e:.3f} + {fit.a:.3g} N^-{fit.alpha:.3f} (alpha 95% CI [{low:.3f}, {high:.3f}])"
+        if tokens:
+            observed += f"; compute form L(C) = E + {fit.a * (6 * tokens) ** fit.alpha:.3g} C^-{fit.alpha:.3f} at D = {tokens:,} tokens"
+        findings = [Finding("scaling fit", Status.PASSED, observed, f"a power law through {len(sizes)} sizes")]
+        if not held_losses or not all(math.isfinite(v) for v in held_losses):
+            findings.append(
+                Finding("held-out size", Status.FAILED, f"{held_name}: loss {held_losses}", "a finite loss", "the held-out size diverged", "lower optimizer.lr")
+            )
+        else:
+            findings.append(held_out_finding(fit, held_name, held_size, held_losses, noise, alpha, fail_alpha))
+        if target_params:
+            low_t, high_t = fit.prediction_interval(target_params)
+            text = f"{fit.predict(target_params):.4f} [{low_t:.4f}, {high_t:.4f}] at {target_params:,} params"
+            findings.append(Finding("extrapolation", Status.PASSED, text, "the predicted val loss at target_params (95%)"))
+    except Exception as error:  # an assessment never crashes the stage
+        return [crash_finding("scaling assessment", error)], fit
+    return findings, fit
+
+
+def measured_noise(ctx: StageContext, seed_std: float) -> Noise | None:
+    """The noise of one run known before this stage trains: seed_std when given, else the seeds stage's."""
+    if seed_std > 0:
+        return Noise(seed_std, math.inf, "check.stages.scaling.seed_std, taken as known")
+    std, count = ctx.measured.get("seed_std"), ctx.measured.get("seed_count", 0)
+    if std is not None and math.isfinite(std) and count >= 2:
+        return Noise(float(std), count - 1, f"std of {count} seeds measured by the seeds stage")
+    return None
 
 
 class Scaling(Stage):
-    """Runs at several widths, a power-law fit with bootstrap intervals, a held-out size. Thresholds: ScalingConfig."""
+    """Runs at several widths, a power-law fit with bootstrap intervals, a held-out size weighed against seed noise.
+    Thresholds: ScalingConfig."""
 
     name = "scaling"
     needs_components = False
 
     def __init__(
-        self, widths: list[int] = (32, 48, 64, 96, 128), max_steps: int | None = 100, bootstrap: int = 500, target_params: int = 0, seed_std: float = 0.0
+        self,
+        widths: list[int] = (32, 48, 64, 96, 128),
+        max_steps: int | None = 100,
+        bootstrap: int = 500,
+        target_params: int = 0,
+        seed_std: float = 0.0,
+        noise_seeds: int = 2,
+        alpha: float = 0.05,
+        fail_alpha: float = 0.001,
     ):
         self.widths, self.max_steps, self.bootstrap, self.target_params = sorted(widths), max_steps, bootstrap, target_params
-        self.seed_std = seed_std
+        self.seed_std, self.noise_seeds, self.alpha, self.fail_alpha = seed_std, noise_seeds, alpha, fail_alpha
         self.runs: list[SubRun] = []
+        self.replicates: list[SubRun] = []
+        """Extra seeds of the held-out size (trained when no seed noise was measured before this stage)."""
         self.fit: PowerLawFit | None = None
 
     def assess(self, parts: Components | None, ctx: StageContext) -> StageResult:
         result = StageResult(self.name)
+        if "dim" not in ctx.cfg.model:
+            result.findings.append(width_skipped("scaling fit"))
+            return result
         budget = budget_overrides(self.max_steps, [])
         self.runs = [train_subrun(ctx, self.name, f"dim_{w}", budget + width_overrides(ctx.cfg.model, w)) for w in self.widths]
         failed = [run.name for run in self.runs if not run.finished]
@@ -69,22 +165,39 @@ class Scaling(Stage):
             )
             return result
         *fitted, held = self.runs
-        self.fit = fit_power_law([r.num_params for r in fitted], [r.train_loss for r in fitted], self.bootstrap, int(ctx.cfg.seed), self.seed_std)
-        low, high = self.fit.alpha_interval()
+        noise = measured_noise(ctx, self.seed_std)
+        if noise is None:
+            base = int(ctx.cfg.seed)
+            overrides = budget + width_overrides(ctx.cfg.model, self.widths[-1])
+            self.replicates = [
+                train_subrun(ctx, self.name, f"{held.name}_seed_{base + i}", overrides + seed_overrides(ctx, base + i)) for i in range(1, self.noise_seeds + 1)
+            ]
+            values = [held.val_loss] + [run.val_loss for run in self.replicates]
+            std = statistics.stdev(values) if len(values) >= 2 and all(math.isfinite(v) for v in values) else 0.0
+            noise = Noise(std, len(values) - 1, f"std of {len(values)} seeds of {held.name} trained here")
+        held_losses = [held.val_loss] + [run.val_loss for run in self.replicates]
         trainer = ctx.cfg.trainer
-        tokens = (self.max_steps or trainer.max_steps) * trainer.batch_size * trainer.grad_accum * ctx.cfg.data.seq_len
-        observed = f"L(N) = {self.fit.e:.3f} + {self.fit.a:.3g} N^-{self.fit.alpha:.3f} (alpha 95% CI [{low:.3f}, {high:.3f}]); compute form L(C) = E + {self.fit.a * (6 * tokens) ** self.fit.alpha:.3g} C^-{self.fit.alpha:.3f} at D = {tokens:,} tokens"
-        result.findings.append(Finding("scaling fit", Status.PASSED, observed, f"a power law through {len(fitted)} sizes"))
-        result.findings.append(held_out_finding(self.fit, held))
-        if self.target_params:
-            low_t, high_t = self.fit.prediction_interval(self.target_params)
-            text = f"{self.fit.predict(self.target_params):.4f} [{low_t:.4f}, {high_t:.4f}] at {self.target_params:,} params"
-            result.findings.append(Finding("extrapolation", Status.PASSED, text, "the predicted train loss at target_params (95%)"))
-        if ctx.state.is_main:
+        tokens = (self.max_steps or trainer.max_steps) * trainer.batch_size * trainer.grad_accum * int(getattr(shared_data(ctx, ctx.cfg), "seq_len", 0))
+        findings, self.fit = scaling_findings(
+            [r.num_params for r in fitted],
+            [r.val_loss for r in fitted],
+            held.name,
+            held.num_params,
+            held_losses,
+            noise,
+            bootstrap=self.bootstrap,
+            seed=int(ctx.cfg.seed),
+            tokens=tokens,
+            target_params=self.target_params,
+            alpha=self.alpha,
+            fail_alpha=self.fail_alpha,
+        )
+        result.findings += findings
+        if ctx.state.is_main and self.fit is not None:
             result.figures.append(self.figure(Path(ctx.run_dir) / "scaling.png"))
         result.details = "\n".join(
-            ["| run | parameters | train loss (last 10%) | val loss |", "|---|---:|---:|---:|"]
-            + [f"| {r.name} | {r.num_params:,} | {r.train_loss:.4f} | {r.val_loss:.4f} |" for r in self.runs]
+            ["| run | parameters | val loss | train loss (last 10%) |", "|---|---:|---:|---:|"]
+            + [f"| {r.name} | {r.num_params:,} | {r.val_loss:.4f} | {r.train_loss:.4f} |" for r in self.runs + self.replicates]
         )
         return result
 
@@ -94,8 +207,8 @@ class Scaling(Stage):
         grid = list(np.geomspace(fitted[0].num_params, top, 50))
         curve = (grid, [self.fit.predict(n) for n in grid])
         held = self.runs[-1]
-        marks = {f"held out ({held.name})": (held.num_params, held.train_loss)}
+        marks = {f"held out ({held.name})": (held.num_params, statistics.fmean([held.val_loss] + [r.val_loss for r in self.replicates]))}
         if self.target_params:
             marks["prediction"] = (self.target_params, self.fit.predict(self.target_params))
-        xs, ys = [r.num_params for r in fitted], [r.train_loss for r in fitted]
-        return figures.scatter_fit(path, xs, ys, curve, ("parameters N", "train loss (nats/token)"), "scaling: L(N) = E + A N^-alpha", marks)
+        xs, ys = [r.num_params for r in fitted], [r.val_loss for r in fitted]
+        return figures.scatter_fit(path, xs, ys, curve, ("parameters N", "val loss (nats/token)"), "scaling: L(N) = E + A N^-alpha", marks)

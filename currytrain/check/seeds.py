@@ -5,7 +5,9 @@ between two configs that k seeds each can detect (two-sided t-test at alpha 0.05
 from the noncentral t; currytrain.stats.detectable_effect, the inverse of `currytrain compare`'s seeds-needed
 advice). Paired seeds detect less: the spread both configs share cancels. The seed runs are run folders
 under <run>/seeds/, so `currytrain compare <run>/seeds` reads them. Gate: every seed finishes (a seed that
-diverges means the config is unstable at this lr); a noise above `max_std` warns.
+diverges means the config is unstable at this lr); a noise that is a large share of the loss itself
+(`max_std_share` of the chance loss ln C, C the data's classes) warns, or above `max_std` nats when that is set. The std is handed to later stages (ctx.measured), so that the scaling gate weighs its held-out
+size against the noise measured in the same run.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import statistics
 from dataclasses import dataclass
 
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
-from currytrain.check.subruns import SubRun, budget_overrides, run_seeds
+from currytrain.check.subruns import SubRun, budget_overrides, run_seeds, shared_data
 from currytrain.components import Components
 from currytrain.stats import detectable_effect
 
@@ -45,10 +47,15 @@ class SeedStats:
         return detectable_effect(self.std, k or len(self.values))
 
 
-def seeds_finding(runs: list[SubRun], max_std: float) -> Finding:
+def seeds_finding(runs: list[SubRun], max_std: float | None, chance: float | None = None, max_std_share: float = 0.1) -> Finding:
     failed = [run for run in runs if not run.finished]
     done = SeedStats([run.val_loss for run in runs if run.finished])
-    expected = f"every seed finishes; std <= {max_std:g} nats"
+    if max_std is None:
+        limit = max_std_share * chance if chance is not None and math.isfinite(chance) and chance > 0 else math.inf
+        rule = f"std <= {max_std_share:g} x ln C = {limit:.3g} nats" if math.isfinite(limit) else "no std limit (classes unknown)"
+    else:
+        limit, rule = max_std, f"std <= {max_std:g} nats"
+    expected = f"every seed finishes; {rule}"
     if failed:
         names = ", ".join(run.name for run in failed)
         return Finding(
@@ -63,13 +70,14 @@ def seeds_finding(runs: list[SubRun], max_std: float) -> Finding:
         f"final val loss {done.mean:.4f} ± {done.half_width:.4f} (95% CI), std {done.std:.4f} over {len(runs)} seeds; "
         f"smallest detectable difference with {len(runs)} seeds: {done.detectable():.4f} nats (unpaired t, alpha 0.05, 80% power)"
     )
-    if done.std > max_std:
+    if done.std > limit:
         return Finding(
             "seed variance",
             Status.WARNING,
             observed,
             expected,
-            "the seed noise is large: small improvements will be indistinguishable from luck",
+            f"the seed noise ({done.std:.3g} nats) is a large share of the loss itself: seeds end far apart, so training is unstable "
+            "(a seed that spikes or stalls), and small improvements will be indistinguishable from luck",
             "run more seeds per config, a longer budget (check.stages.seeds.max_steps) or a larger eval (trainer.eval_batches)",
         )
     return Finding("seed variance", Status.PASSED, observed, expected)
@@ -87,14 +95,19 @@ class Seeds(Stage):
     name = "seeds"
     needs_components = False
 
-    def __init__(self, seeds: int = 3, max_steps: int | None = 100, max_std: float = 0.05, overrides: list[str] = ()):
-        self.seeds, self.max_steps, self.max_std, self.overrides = seeds, max_steps, max_std, list(overrides)
+    def __init__(self, seeds: int = 3, max_steps: int | None = 100, max_std: float | None = None, max_std_share: float = 0.1, overrides: list[str] = ()):
+        self.seeds, self.max_steps, self.max_std, self.max_std_share, self.overrides = seeds, max_steps, max_std, max_std_share, list(overrides)
         self.runs: list[SubRun] = []
 
     def assess(self, parts: Components | None, ctx: StageContext) -> StageResult:
         result = StageResult(self.name)
         base = int(ctx.cfg.seed)
         self.runs = run_seeds(ctx, self.name, "", [base + i for i in range(self.seeds)], budget_overrides(self.max_steps, self.overrides))
-        result.findings.append(seeds_finding(self.runs, self.max_std))
+        data = shared_data(ctx, ctx.cfg)
+        classes = getattr(data, "num_classes", None) or getattr(data, "vocab_size", None)
+        result.findings.append(seeds_finding(self.runs, self.max_std, math.log(classes) if classes else None, self.max_std_share))
+        finished = [run.val_loss for run in self.runs if run.finished]
+        if len(finished) >= 2:
+            ctx.measured.update(seed_std=statistics.stdev(finished), seed_count=len(finished), seed_mean=statistics.fmean(finished), seed_steps=self.max_steps)
         result.details = seeds_table(self.runs) + f"\n\nThe seed runs are run folders: `currytrain compare {ctx.run_dir}/{self.name}`."
         return result

@@ -11,17 +11,20 @@ import torch
 from omegaconf import DictConfig
 
 from currytrain.build import target_problem, targets
-from currytrain.check.probes import eval_mode, expected_shapes, get_batch, num_classes
+from currytrain.check.probes import eval_mode, expected_shapes, get_batch, input_vocab, num_classes
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status, probe
 from currytrain.components import Components
+from currytrain.model.protocol import HasLoss, data_ignore_index, find_blocks, hook
 
 
 def parameter_counts(model: torch.nn.Module) -> list[tuple[str, int]]:
-    """Parameters per top-level module, blocks of `layers` one by one (shared weights counted once, where first seen)."""
+    """Parameters per top-level module, the repeated blocks (find_blocks) one by one (shared weights counted
+    once, where first seen)."""
     seen: set[int] = set()
     rows = []
-    named = [(f"layers.{i}", block) for i, block in enumerate(model.layers)] if hasattr(model, "layers") else []
-    named += [(name, module) for name, module in model.named_children() if name != "layers"]
+    named = find_blocks(model)
+    tops = {name.split(".")[0] for name, _ in named}
+    named += [(name, module) for name, module in model.named_children() if name not in tops]
     for name, module in named:
         count = 0
         for param in module.parameters():
@@ -58,10 +61,6 @@ def _short_path(source: str) -> str:
     return source
 
 
-IGNORE_INDEX = -100
-"""The target the cross-entropy ignores."""
-
-
 def rows_finding(parts: Components, batch: tuple[torch.Tensor, torch.Tensor], batch_size: int) -> Finding:
     """A table's batch (data=digits|table): float feature rows and one class id each."""
     inputs, targets_ = batch
@@ -85,9 +84,11 @@ def batch_finding(parts: Components, batch: tuple[torch.Tensor, torch.Tensor], b
     inputs, targets_ = batch
     if inputs.is_floating_point():  # rows of features, not token ids
         return rows_finding(parts, batch, batch_size)
-    vocab, classes = parts.cfg.model.vocab_size, num_classes(parts)
+    vocab, classes = input_vocab(parts, inputs), num_classes(parts)
+    ignored = data_ignore_index(parts.data)
     input_shape, target_shape = expected_shapes(parts, batch_size)
-    expected = f"inputs {input_shape} int64 with ids in [0, {vocab}), targets {target_shape} int64 in [0, {classes}) or {IGNORE_INDEX} (ignored)"
+    ids = f"ids in [0, {vocab})" if vocab else "ids >= 0"
+    expected = f"inputs {input_shape} int64 with {ids}, targets {target_shape} int64 in [0, {classes}) or {ignored} (ignored)"
     observed = (
         f"inputs {tuple(inputs.shape)} {inputs.dtype} in [{int(inputs.min())}, {int(inputs.max())}], "
         f"targets {tuple(targets_.shape)} {targets_.dtype} in [{int(targets_.min())}, {int(targets_.max())}]"
@@ -102,18 +103,21 @@ def batch_finding(parts: Components, batch: tuple[torch.Tensor, torch.Tensor], b
             "the data adapter's batch() returns other shapes or dtypes than it declares (a language model's by default)",
             "fix the adapter's batch(); an adapter for another task declares expected_shapes(batch_size) and num_classes",
         )
-    if int(inputs.max()) >= vocab or int(inputs.min()) < 0:
+    if (vocab and int(inputs.max()) >= vocab) or int(inputs.min()) < 0:
         return Finding(
             "batch shapes",
             Status.FAILED,
             observed,
             expected,
-            "token ids outside the model's vocabulary",
-            f"pass model.vocab_size={int(inputs.max()) + 1} (or larger)",
+            f"token ids outside the model's vocabulary (its input embedding has {vocab} rows)",
+            f"give the model a vocabulary of at least {int(inputs.max()) + 1} (model.vocab_size for curryTrain's families)",
         )
-    scored = targets_[targets_ != IGNORE_INDEX]  # positions the loss ignores (probe tasks score answers only)
-    if scored.numel() and (int(scored.max()) >= classes or int(scored.min()) < 0):
-        fix = f"pass model.vocab_size={int(scored.max()) + 1} (or larger)" if classes == vocab else "check the adapter's labels and num_classes"
+    scored = targets_[targets_ != ignored]  # positions the loss ignores (padding; probe tasks score answers only)
+    if hook(parts.module, HasLoss) is None and hook(parts.data, HasLoss) is None and scored.numel() and (int(scored.max()) >= classes or int(scored.min()) < 0):
+        # (a model or adapter with its own loss() decides which targets it scores: its ignore index may be any value)
+        fix = f"give the model at least {int(scored.max()) + 1} output classes" if classes == vocab else "check the adapter's labels and num_classes"
+        if int(scored.min()) < 0:
+            fix = f"mark unscored targets with the adapter's ignore_index (now {ignored}), or give the model its own loss()"
         return Finding("batch shapes", Status.FAILED, observed, expected, f"targets outside the {classes} classes the model predicts", fix)
     return Finding("batch shapes", Status.PASSED, observed, expected)
 
@@ -128,10 +132,17 @@ def forward_finding(parts: Components, batch: tuple[torch.Tensor, torch.Tensor])
     observed = f"{type(logits).__name__} {tuple(getattr(logits, 'shape', ()))} {getattr(logits, 'dtype', '')}"
     if not isinstance(logits, torch.Tensor) or logits.shape != (*targets_.shape, classes) or not logits.is_floating_point():
         return Finding(
-            "forward shape", Status.FAILED, observed, expected, "the model's forward returns another shape", "check model.vocab_size and the readout"
+            "forward shape",
+            Status.FAILED,
+            observed,
+            expected,
+            "the model's forward returns another shape than the targets' x classes",
+            "return logits (..., classes) from forward: check the readout's size (model.vocab_size for curryTrain's families)",
         )
     if not torch.isfinite(logits).all():
-        return Finding("forward shape", Status.FAILED, observed + ", not finite", expected, "the forward pass overflows at init", "lower model.init_std")
+        return Finding(
+            "forward shape", Status.FAILED, observed + ", not finite", expected, "the forward pass overflows at init", "lower the init scale (model.init_std)"
+        )
     return Finding("forward shape", Status.PASSED, observed, expected)
 
 

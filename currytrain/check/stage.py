@@ -2,8 +2,11 @@
 
 A stage builds what it probes through build_components (the way a run builds it) and hands the built
 Components to `assess`, so tests inject broken models, optimizers or data by passing their own Components.
-Each probe of a stage yields a Finding: passed, warning or failed, with what was observed and expected
-and, when it did not pass, the likely cause and the fix. A stage's status is its worst finding.
+Each probe of a stage yields a Finding: passed, warning, failed or skipped (the probe does not apply), with what
+was observed and expected and, when it did not pass, the likely cause and the fix. A finding that another
+finding's bug explains names it in `consequence_of`, and is reported under it. A stage's status is its worst
+finding (skipped when every finding is). An exception anywhere in a stage (building, a probe, the assessment)
+becomes a failed finding naming where it raised: a stage never crashes the ladder.
 """
 
 from __future__ import annotations
@@ -19,12 +22,15 @@ from typing import Any
 from omegaconf import DictConfig
 
 from currytrain.components import Components, build_components
+from currytrain.errors import ConfigError, Interrupted
 from currytrain.journal import Journal
 from currytrain.logger.base import MultiLogger
 from currytrain.parallel.state import ParallelState
 
 
 class Status(str, enum.Enum):
+    SKIPPED = "skipped"
+    """The probe or stage does not apply here (no idea to ablate, a classifier on a next-token task, ...)."""
     PASSED = "passed"
     WARNING = "warning"
     FAILED = "failed"
@@ -32,7 +38,7 @@ class Status(str, enum.Enum):
 
     @property
     def rank(self) -> int:
-        return {"passed": 0, "warning": 1, "failed": 2}[self.value]
+        return {"skipped": -1, "passed": 0, "warning": 1, "failed": 2}[self.value]
 
 
 @dataclass
@@ -52,6 +58,8 @@ class Finding:
     """What to change (a config key or the code to look at)."""
     seconds: float = 0.0
     """Wall time the probe took."""
+    consequence_of: str = ""
+    """The probe whose finding explains this one (one bug seen twice), reported under it; "" for a cause of its own."""
 
 
 @dataclass
@@ -69,10 +77,12 @@ class StageResult:
 
     @property
     def status(self) -> Status:
-        return max((finding.status for finding in self.findings), key=lambda status: status.rank, default=Status.PASSED)
+        return max((finding.status for finding in self.findings), key=lambda status: status.rank, default=Status.SKIPPED)
 
     def failures(self) -> list[Finding]:
-        return [finding for finding in self.findings if finding.status is Status.FAILED]
+        """The failed findings, each cause before the findings that are its consequences."""
+        failed = [finding for finding in self.findings if finding.status is Status.FAILED]
+        return sorted(failed, key=lambda finding: bool(finding.consequence_of))
 
 
 @dataclass
@@ -90,6 +100,10 @@ class StageContext:
     overrides: list[str] = field(default_factory=list)
     """The overrides the run was composed with (its journal header's): a sub-run that chooses another option
     of a group (ablation's idea=[model=moe]) is composed again from these plus its own."""
+    measured: dict[str, Any] = field(default_factory=dict)
+    """What earlier stages of this ladder measured for later ones: "seed_std" (the seeds stage's std of the final
+    val loss, with "seed_count" and "seed_steps"), so that later gates weigh their evidence against the noise
+    measured in the same run."""
 
     def build(self) -> Components:
         """Fresh components, built exactly as a training run builds them."""
@@ -105,8 +119,14 @@ class Stage:
     """False for stages that only start their own training runs: assess() then gets parts=None."""
 
     def run(self, ctx: StageContext) -> StageResult:
+        """Build and assess; an exception anywhere in it is the stage's failed finding (never a crash)."""
         started = time.perf_counter()
-        result = self.assess(ctx.build() if self.needs_components else None, ctx)
+        try:
+            result = self.assess(ctx.build() if self.needs_components else None, ctx)
+        except (ConfigError, Interrupted):  # bad input (exit 2) and a stop signal are the job's outcomes, not findings
+            raise
+        except Exception as error:  # the ladder reports it and writes report.md; the gate fails
+            result = StageResult(self.name, [crash_finding(f"stage {self.name}", error)])
         result.seconds = time.perf_counter() - started
         return result
 
@@ -125,10 +145,19 @@ def probe(name: str, run: Callable[[], Finding]) -> Finding:
     return finding
 
 
-def crash_finding(name: str, error: Exception) -> Finding:
-    where = traceback.extract_tb(error.__traceback__)[-1]
-    cause = f"the probe raised at {where.filename}:{where.lineno} ({where.name})"
-    return Finding(name, Status.FAILED, f"{type(error).__name__}: {error}", "the probe runs", cause, "fix the code there")
+def crash_finding(name: str, error: BaseException) -> Finding:
+    """A failed finding for an exception: where it raised and, when that is inside a library, the last frame of
+    the project's or the user's code that led there."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return Finding(name, Status.FAILED, f"{type(error).__name__}: {error}", "the probe runs", f"{name} raised", "see the exception")
+    where = frames[-1]
+    cause = f"{name} raised at {where.filename}:{where.lineno} ({where.name})"
+    own = [frame for frame in frames if "site-packages" not in frame.filename and "/lib/python" not in frame.filename]
+    if own and own[-1] is not where:
+        cause += f", reached from {own[-1].filename}:{own[-1].lineno} ({own[-1].name})"
+    message = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
+    return Finding(name, Status.FAILED, f"{type(error).__name__}: {message}", "the probe runs", cause, "fix the code there")
 
 
 def fmt(value: Any) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from currytrain.check.stage import StageContext
+from currytrain.check.stage import Finding, StageContext, Status
 from currytrain.components import build_components
 from currytrain.conf import CONF_DIR
 from currytrain.errors import Aborted, ConfigError, RunFailed
@@ -245,6 +245,18 @@ def model_at_width(model_cfg: DictConfig, width: int) -> DictConfig:
         if node.get(name):
             node[name] = max(1, round(node[name] * ratio))
     return OmegaConf.create(node)
+
+
+def width_skipped(stage: str) -> Finding:
+    """The finding of a stage that varies model.dim, for a model whose config has no such field."""
+    return Finding(
+        stage,
+        Status.SKIPPED,
+        "the model's config has no width field (model.dim) to vary",
+        "a model whose width model.dim sets",
+        "",
+        "give the model a `dim` argument (and config field) to scale it",
+    )
 
 
 def width_overrides(model_cfg, width: int) -> list[str]:

@@ -55,11 +55,12 @@ def run_tokens(cfg: DictConfig) -> int:
 
 
 def flops_per_token(cfg: DictConfig) -> float:
-    from currytrain.benchmark import model_flops_per_token
+    from currytrain.benchmark import model_flops_per_token, model_sizes
     from currytrain.model import build_shapes
 
     model = build_shapes(cfg.model)
-    return float(model_flops_per_token(model, cfg.model.n_layers, cfg.model.dim, cfg.data.seq_len))
+    n_layers, width = model_sizes(model, cfg.model)  # any model: its repeated blocks and token width, no field names
+    return float(model_flops_per_token(model, n_layers, width, cfg.data.seq_len))
 
 
 def device_present(kind: str) -> bool:

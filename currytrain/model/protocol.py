@@ -1,24 +1,69 @@
-"""The model protocol: what the trainer, the ladder and the benchmarks ask of a model, and the loss they
-train it on when it offers none.
+"""The model protocol: what the trainer, every ladder stage and `currytrain bench` ask of a model, and what they
+fall back to when it offers nothing more than a forward.
 
-A model is an `nn.Module` whose forward maps inputs to logits. It may also offer the optional methods below,
-each checked for by type (a runtime-checkable Protocol), never by name or attribute:
+A model is any `nn.Module` whose forward maps a batch's inputs to logits (class scores on the last dimension).
+That is all it must provide; a plain module written without curryTrain's layers or attribute names trains and
+climbs the ladder as it is. It may also offer the optional methods below, each found by its type (a
+runtime-checkable Protocol of one method), never by an attribute name or a config field:
 
+- loss(logits, batch) -> Tensor: its own task loss of one microbatch; `batch` is the (inputs, targets) pair,
+  so masks and ignore indices are the model's. A second parameter named `targets` or `labels` gets the targets
+  alone. Without it: the mean cross-entropy of the logits' last dimension against the targets, ignoring the
+  data adapter's `ignore_index` (-100 when it declares none). A data adapter may have a loss() of the same form,
+  which comes first: the task then says what is scored (data=probe scores its answers alone).
+- param_groups() -> parameters or parameter groups: what its optimizer trains. Plain parameters get the
+  optimizer's usual split (matrices decayed, 1-D parameters not); dicts are torch parameter groups, whose
+  optional `lr_scale` multiplies the configured lr (so lr sweeps keep the ratios) and whose `lr` or
+  `weight_decay` replace the configured ones. Without it: every trainable parameter, split as above.
+- repeated_blocks() -> sequence of modules: the blocks whose statistics the ladder compares with depth. Without
+  it they are found in the module tree (find_blocks: the same-class siblings holding the most parameters).
 - auxiliary_loss() -> Tensor: extra losses of the last forward (MoE balancing), added before backward;
 - training_metrics() -> dict[str, float]: statistics of the last forward, logged with the train metrics;
 - mup_hidden_matrices() -> HiddenMatrices: the weights muP trains with a width-scaled learning rate.
+
+Sizes (classes, sequence length, vocabulary) come from the data adapter (`num_classes`, `seq_len`,
+`vocab_size`, `ignore_index`) or are read off the model's outputs, never from config field names.
 
 This module imports torch but not torch.distributed: a model knows nothing of how it is parallelized.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import NamedTuple, Protocol, runtime_checkable
+import functools
+import inspect
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+IGNORE_INDEX = -100
+"""The target the default loss ignores when the data adapter declares no `ignore_index` (torch's own default)."""
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+"""(inputs, targets) of one microbatch."""
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""(logits, targets) -> the task loss: what the default loss is, and what pipeline parallelism calls."""
+
+TaskLoss = Callable[[torch.Tensor, Batch], torch.Tensor]
+"""(logits, (inputs, targets)) -> the task loss: the model's own loss when it has one, else a LossFn."""
+
+
+@runtime_checkable
+class HasLoss(Protocol):
+    def loss(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class HasParamGroups(Protocol):
+    def param_groups(self) -> Iterable[nn.Parameter] | Iterable[dict[str, Any]]: ...
+
+
+@runtime_checkable
+class HasRepeatedBlocks(Protocol):
+    def repeated_blocks(self) -> Sequence[nn.Module]: ...
 
 
 @runtime_checkable
@@ -45,16 +90,64 @@ class HasMuP(Protocol):
     def mup_hidden_matrices(self) -> HiddenMatrices: ...
 
 
+HOOKS = {
+    HasLoss: "loss",
+    HasParamGroups: "param_groups",
+    HasRepeatedBlocks: "repeated_blocks",
+    HasAuxiliaryLoss: "auxiliary_loss",
+    HasTrainingMetrics: "training_metrics",
+    HasMuP: "mup_hidden_matrices",
+}
+"""The optional hooks of this protocol that are looked up as bound methods (see hook())."""
+
 ForwardLoss = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 """(inputs, targets) -> (task loss, training loss): one microbatch's forward and loss; the training loss adds
 the model's auxiliary losses (MoE balancing) to the task loss, and is what the backward runs on."""
 
 
-def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy in nats; logits are upcast so bf16 autocast keeps an fp32 loss.
-    Any leading shape works: a decoder's (batch, seq, vocab) against (batch, seq), a classifier's
-    (batch, classes) against (batch,)."""
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+def hook(model: nn.Module, protocol: type) -> Callable | None:
+    """The model's method of `protocol` (one of the Has* protocols above), or None. A module stored under the
+    method's name (self.loss = nn.CrossEntropyLoss()) is a part of the model, not the hook."""
+    if not isinstance(model, protocol):
+        return None
+    method = getattr(model, HOOKS[protocol])
+    return method if inspect.ismethod(method) else None
+
+
+def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """Mean cross-entropy in nats over the targets that are not `ignore_index`; logits are upcast so bf16
+    autocast keeps an fp32 loss. Any leading shape works: a decoder's (batch, seq, vocab) against (batch, seq),
+    a classifier's (batch, classes) against (batch,)."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index)
+
+
+def data_ignore_index(data: Any) -> int:
+    """The target the data adapter marks as "not scored" (its `ignore_index`), -100 when it declares none."""
+    value = getattr(data, "ignore_index", None)
+    return IGNORE_INDEX if value is None else int(value)
+
+
+def default_loss(ignore_index: int = IGNORE_INDEX) -> LossFn:
+    """causal_lm_loss ignoring `ignore_index` (the function itself for the default, so compiled graphs match)."""
+    return causal_lm_loss if ignore_index == IGNORE_INDEX else functools.partial(causal_lm_loss, ignore_index=ignore_index)
+
+
+def task_loss(model: nn.Module, loss_fn: LossFn = causal_lm_loss, data: Any = None) -> TaskLoss:
+    """The task loss of `model` on `data`: the data adapter's loss(logits, batch) when it has one (a task that says
+    what is scored: data=probe scores the answers alone), else the model's own, else loss_fn(logits, targets)."""
+    own = hook(data, HasLoss) if data is not None else None
+    own = own or hook(model, HasLoss)
+    if own is None:
+        return lambda logits, batch: loss_fn(logits, batch[1])
+    if wants_targets(own):
+        return lambda logits, batch: own(logits, batch[1])
+    return lambda logits, batch: own(logits, batch)
+
+
+def wants_targets(method: Callable) -> bool:
+    """loss(logits, targets) rather than loss(logits, batch): told by the name of its second parameter."""
+    params = [p for p in inspect.signature(method).parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(params) >= 2 and params[1].name in ("targets", "target", "labels", "label", "y")
 
 
 def full(value: torch.Tensor) -> torch.Tensor:
@@ -63,15 +156,72 @@ def full(value: torch.Tensor) -> torch.Tensor:
     return value.full_tensor() if hasattr(value, "full_tensor") else value
 
 
-def model_loss(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = causal_lm_loss) -> ForwardLoss:
-    """The ForwardLoss of `model` and `loss_fn`: a model with auxiliary_loss() has it added after the forward.
-    trainer.compile on one process compiles this whole function."""
+def model_loss(model: nn.Module, loss_fn: LossFn = causal_lm_loss, data: Any = None) -> ForwardLoss:
+    """The ForwardLoss of `model`: its task loss (task_loss: the data's or its own, else `loss_fn`), plus
+    auxiliary_loss() when it has one. trainer.compile on one process compiles this whole function."""
+    loss_of = task_loss(model, loss_fn, data)
 
     def forward_loss(inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        task_loss = loss_fn(model(inputs), targets)
+        value = loss_of(model(inputs), (inputs, targets))
         if not isinstance(model, HasAuxiliaryLoss):
-            return task_loss, task_loss
+            return value, value
         # full(): under tensor parallelism the task loss is a DTensor and the MoE losses plain tensors.
-        return task_loss, full(task_loss) + model.auxiliary_loss()
+        return value, full(value) + model.auxiliary_loss()
 
     return forward_loss
+
+
+def optimizer_groups(model: nn.Module, weight_decay: float, lr: float) -> list[dict[str, Any]] | None:
+    """The model's own parameter groups (param_groups()) as torch groups, or None when it declares none.
+
+    Plain parameters are split as the default groups are (matrices decayed, 1-D parameters not); a dict's
+    `lr_scale` becomes lr * lr_scale; groups keep every other key (torch fills lr and weight_decay from the
+    optimizer's defaults where a group has none)."""
+    own = hook(model, HasParamGroups)
+    if own is None:
+        return None
+    groups, loose = [], []
+    for item in own():
+        if isinstance(item, dict):
+            group = dict(item)
+            group["params"] = [p for p in group["params"]]
+            scale = group.pop("lr_scale", None)
+            if scale is not None:
+                group["lr"] = lr * float(scale)
+            groups.append(group)
+        else:
+            loose.append(item)
+    if loose:
+        groups = [
+            {"params": [p for p in loose if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in loose if p.dim() < 2], "weight_decay": 0.0},
+            *groups,
+        ]
+    return [group for group in groups if group["params"]]
+
+
+def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The model's repeated blocks, with their qualified names: repeated_blocks() when it declares them, else
+    the largest (by parameters) set of same-class siblings that hold parameters, at least two of them or the
+    contents of an nn.ModuleList/nn.Sequential (a one-block stack); composite modules win over single layers
+    (a token and a position embedding are no stack). [] when there is no such set."""
+    names = {id(module): name for name, module in model.named_modules()}
+    own = hook(model, HasRepeatedBlocks)
+    if own is not None:
+        return [(names.get(id(block), f"block{index}"), block) for index, block in enumerate(own())]
+    best: list[tuple[str, nn.Module]] = []
+    best_rank = (False, 0)
+    for parent_name, parent in model.named_modules():
+        container = isinstance(parent, (nn.ModuleList, nn.Sequential))
+        by_class: dict[type, list[tuple[str, nn.Module]]] = {}
+        for child_name, child in parent.named_children():
+            by_class.setdefault(type(child), []).append((f"{parent_name}.{child_name}" if parent_name else child_name, child))
+        for members in by_class.values():
+            if len(members) < 2 and not (container and len(by_class) == 1):
+                continue
+            size = sum(p.numel() for _, child in members for p in child.parameters())
+            # Blocks are composite: two embeddings (tokens, positions) are larger than small blocks, yet no stack.
+            rank = (any(True for _ in members[0][1].children()), size)
+            if size and rank > best_rank:
+                best, best_rank = members, rank
+    return best

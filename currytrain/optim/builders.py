@@ -9,7 +9,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from currytrain.errors import ConfigError
-from currytrain.model.protocol import HasMuP, HiddenMatrices
+from currytrain.model.protocol import HasMuP, HiddenMatrices, optimizer_groups
 from currytrain.optim.config import warmup_steps
 
 
@@ -19,7 +19,12 @@ def param_groups(model: nn.Module, weight_decay: float, lr: float) -> list[dict]
     With model.mup=true a third group holds muP's hidden matrices at lr / width_multiplier (Adam's rule:
     an update of fixed per-entry size moves a hidden layer's output by ~fan_in, so the step shrinks with
     width). The first group always runs at `lr`, which is the lr the trainer logs.
+
+    A model that chooses its own parameters or groups (param_groups(), currytrain.model.protocol) gets them.
     """
+    own = optimizer_groups(model, weight_decay, lr)
+    if own is not None:
+        return own
     hidden = model.mup_hidden_matrices() if isinstance(model, HasMuP) else HiddenMatrices(1.0, [])
     hidden_ids = {id(param) for param in hidden.params}
     decay, no_decay = [], []

@@ -45,11 +45,11 @@ def compiles_whole(state: ParallelState) -> bool:
     return state.mesh is None and state.fabric is None
 
 
-def compile_forward_loss(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> ForwardLoss:
+def compile_forward_loss(model: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], data: Any = None) -> ForwardLoss:
     """model_loss(model, loss_fn) compiled as one function: embedding, blocks, readout and loss in one graph, so
     inductor fuses across the block boundaries and the logits' upcast into the cross-entropy. The model itself is
     left as it is (eval, checkpoints and `hf export` see the plain module)."""
-    return torch.compile(model_loss(model, loss_fn))
+    return torch.compile(model_loss(model, loss_fn, data))
 
 
 def compile_loss(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

@@ -2,7 +2,7 @@
 sizes, seeds-needed, Holm, equivalence, and power-law fits with bootstrap. numpy and scipy only, so every layer
 above may use it; the contract `stats-pure` in .importlinter keeps torch, Hydra and OmegaConf out."""
 
-from currytrain.stats.fits import PowerLawFit, fit_power_law, prediction_interval
+from currytrain.stats.fits import HeldOut, PowerLawFit, fit_power_law, held_out_test, prediction_interval
 from currytrain.stats.tests import (
     PAIRED_T,
     TESTS,
@@ -33,6 +33,7 @@ __all__ = [
     "WILCOXON",
     "WORSE",
     "Comparison",
+    "HeldOut",
     "PowerLawFit",
     "Verdict",
     "bootstrap_interval",
@@ -44,6 +45,7 @@ __all__ = [
     "detectable_effect",
     "equivalence_p",
     "fit_power_law",
+    "held_out_test",
     "holm",
     "no_verdict",
     "paired_t",

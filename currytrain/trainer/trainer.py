@@ -21,7 +21,7 @@ from currytrain.data import HasEvalMetrics
 from currytrain.errors import Aborted, ConfigError, Interrupted, Pruned, RunFailed
 from currytrain.journal import Journal
 from currytrain.logger.base import MultiLogger, ending_status
-from currytrain.model.protocol import HasTrainingMetrics, causal_lm_loss, full
+from currytrain.model.protocol import HasTrainingMetrics, full
 from currytrain.parallel.compile import compile_report, use_compile_cache
 from currytrain.parallel.memory import optimizer_state_bytes, param_bytes
 from currytrain.parallel.state import ParallelState, resolve_device
@@ -68,6 +68,7 @@ class Trainer:
         self.data, self.model, self.optimizer, self.scheduler = parts.data, parts.model, parts.optimizer, parts.scheduler
         self.module = parts.module  # the model with its own parameter names, for checkpoints and weight loading
         self.autocast_dtype, self.forward_loss = parts.autocast_dtype, parts.forward_loss
+        self.score = parts.score  # the task loss eval reports: the model's own loss() when it has one
         self.pipeline = parts.pipeline  # pipeline parallelism: its schedule steps (and evaluates) this rank's stages
         # fp16 needs loss scaling (validation allows it on CUDA only); bf16 has fp32's range and needs none.
         self.scaler = torch.amp.GradScaler(self.state.device.type) if self.cfg.precision == "fp16" else None
@@ -282,7 +283,7 @@ class Trainer:
             autocast = torch.autocast(self.state.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
             with self.state.loss_context(), autocast:
                 logits = self.model(inputs)
-                losses.append(full(causal_lm_loss(logits, targets)).item())
+                losses.append(full(self.score(logits, (inputs, targets))).item())
             if isinstance(self.data, HasEvalMetrics):  # a classifier's accuracy, say
                 extra.append(self.data.eval_metrics(logits, targets))
         self.model.train()
