@@ -33,6 +33,11 @@ def full_run_seconds(runs: list[SubRun], sub_steps: int, full_steps: int) -> flo
     return per_step * full_steps
 
 
+def _mean(values: list[float]) -> float:
+    """The mean, divided before it is summed: losses near float's range do not overflow (fmean's fsum would raise)."""
+    return sum(value / len(values) for value in values)
+
+
 def ablation_finding(idea: list[str], base: list[SubRun], arm: list[SubRun], full_seconds: float) -> Finding:
     expected = "the idea lowers the final val loss beyond seed noise (paired t over the shared seeds, p < 0.05)"
     unfinished = [run.name for run in base + arm if not run.finished]
@@ -48,7 +53,7 @@ def ablation_finding(idea: list[str], base: list[SubRun], arm: list[SubRun], ful
     a, b = [run.val_loss for run in base], [run.val_loss for run in arm]
     found = verdict(a, b, " ".join(idea))
     observed = (
-        f"{' '.join(idea)}: {found.word}, {found.numbers} (idea {statistics.fmean(b):.4f} vs baseline {statistics.fmean(a):.4f}); "
+        f"{' '.join(idea)}: {found.word}, {found.numbers} (idea {_mean(b):.4f} vs baseline {_mean(a):.4f}); "
         f"a full run costs ~{full_seconds / 60:.1f} min here"
     )
     if found.word == WORSE:
