@@ -27,7 +27,7 @@ from currytrain.journal import Journal
 from currytrain.parallel.state import ParallelState
 from currytrain.stats.fits import fit_power_law, held_out_test
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 anything = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, -0.0, 1.0, 2.0, math.nan, math.inf, -math.inf, 1e300, -1e-300]))
 losses = st.floats(min_value=0.5, max_value=8.0)
