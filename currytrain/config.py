@@ -40,6 +40,7 @@ from currytrain.logger.config import JsonlConfig, MLflowConfig, TensorBoardConfi
 from currytrain.model.config import GQAConfig, MLPConfig, MoEConfig, SpikingConfig
 from currytrain.optim.config import AdamWConfig, SGDConfig
 from currytrain.parallel.config import ParallelConfig
+from currytrain.rules import bounded
 from currytrain.sweep.config import SWEEP_PRESETS, NoSweepConfig, OptunaSweepConfig
 from currytrain.trainer.config import TrainerConfig
 
@@ -99,7 +100,7 @@ class RootConfig:
     cost: Any = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     build: BuildConfig = field(default_factory=BuildConfig)
-    seed: int = 0
+    seed: int = bounded(0, ge=0, lt=2**63)
     """Seeds model init, the data split and every batch: same seed, same loss curve."""
 
 

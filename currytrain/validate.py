@@ -1,8 +1,9 @@
 """Eager validation of a composed config: every problem at once, each naming its key and a fix.
 
-Each option's own checks live beside its config dataclass (a static `check(node, path) -> list[str]`);
-validate() walks the composed tree, runs the checks of every typed node (each class of its schema that
-defines one), rejects keys no schema declares and `_target_`s outside the allowed modules, and adds the
+A field's range is declared with the field (rules.bounded); each option's other checks live beside its config
+dataclass (a static `check(node, path) -> list[str]`). validate() walks the composed tree, checks every typed
+node's fields against their declarations (float fields finite), runs the checks of each class of its schema
+that defines one, rejects keys no schema declares and `_target_`s outside the allowed modules, and adds the
 rules that span groups. It runs as a Hydra callback before the run folder exists, so a rejected config
 writes nothing; the error it raises becomes exit code 2 in launch.py.
 """
@@ -22,12 +23,13 @@ from currytrain.build import target_problems
 from currytrain.data.base import BYTE_VOCAB
 from currytrain.data.config import DigitsConfig, TabularConfig
 from currytrain.errors import ConfigError, ConfigRejected, format_problems
+from currytrain.lock import acquire, held_by_another, holding
 from currytrain.model.config import DecoderConfig, GQAConfig, MLPConfig, MoEConfig
 from currytrain.optim.config import AdamWConfig
 from currytrain.parallel.config import ParallelConfig
 from currytrain.parallel.dims import ParallelDims, launched_world_size
 from currytrain.parallel.pipeline import SCHEDULES, even_split, microbatch_problem, stages_per_rank
-from currytrain.rules import divisors
+from currytrain.rules import divisors, schema_problems
 from currytrain.weights import architecture_mismatch, checkpoint_step, model_node_of, resume_checkpoint, safetensors_problem
 
 
@@ -56,11 +58,12 @@ def _unknown_keys(node: DictConfig, schema: type, path: str) -> list[str]:
 
 
 def check_tree(node: DictConfig, path: str = "") -> list[str]:
-    """The own checks and unknown keys of every typed node in the subtree, parents before children."""
+    """The unknown keys, declared ranges (rules.schema_problems) and own checks of every typed node in the
+    subtree, parents before children."""
     problems: list[str] = []
     schema = schema_of(node)
     if schema is not None:
-        problems += _unknown_keys(node, schema, path)
+        problems += _unknown_keys(node, schema, path) + schema_problems(node, schema, path)
         for klass in reversed(schema.__mro__):
             if isinstance(vars(klass).get("check"), staticmethod):  # not RootConfig's `check` group field
                 problems += klass.check(node, path)
@@ -387,10 +390,24 @@ def raise_on_problems(problems: list[str]) -> None:
 
 class ValidateCallback(Callback):
     """Hydra callback: reject a bad config before Hydra creates the run folder (ConfigRejected escapes
-    Hydra's handling of callback errors, which would only warn)."""
+    Hydra's handling of callback errors, which would only warn), then hold the run folder (currytrain.lock)
+    before Hydra writes into it; run.run releases it when the run ends."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._reject(validate(config, OmegaConf.select(config, "hydra.run.dir")))
+        run_dir = OmegaConf.select(config, "hydra.run.dir")
+        held = held_by_another(run_dir) if run_dir else None  # first: a folder in use explains the other problems
+        self._reject(([held] if held else []) + validate(config, run_dir))
+        if run_dir:
+            try:
+                acquire(run_dir)
+            except ConfigError as error:  # another process took it since the look above
+                raise ConfigRejected(error) from None
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """The run's job ended without releasing the folder (Hydra failed before the task ran)."""
+        run_dir = OmegaConf.select(config, "hydra.run.dir")
+        if run_dir and (lock := holding(run_dir)) is not None:
+            lock.release()
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._reject(validate(config))

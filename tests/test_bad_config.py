@@ -13,7 +13,7 @@ from conftest import ROOT, TINY, launch
 BAD_CONFIGS = [
     # (overrides, text every message must contain)
     (["model=nope"], ["Could not find 'model/nope'", "gqa"]),
-    (["optimizer.lr=-1"], ["optimizer.lr=-1.0", "must be a finite number > 0"]),
+    (["optimizer.lr=-1"], ["optimizer.lr=-1.0 must be > 0"]),
     (["optimizer.lrr=0.1"], ["optimizer.lrr", "Key 'lrr' not in 'AdamWConfig'"]),
     (["optimizer.lr=fast"], ["optimizer.lr", "could not be converted to Float"]),
     (["model.n_kv_heads=3"], ["model.n_kv_heads=3 does not divide model.n_heads=2", "choose model.n_kv_heads in [1, 2]"]),
@@ -64,6 +64,16 @@ BAD_CONFIGS = [
     (["sweep=nope"], ["Could not find 'sweep/nope'", "tpe"]),
     (["hydra/launcher=nope"], ["Could not find 'hydra/launcher/nope'", "slurm"]),
     (["logger=[tensorboard,nope]"], ["logger has no option 'nope': choose from ['jsonl', 'mlflow', 'tensorboard', 'wandb']"]),
+    # Non-finite values, refused by the schema layer for every float field (rules.schema_problems).
+    (["model.init_std=inf"], ["model.init_std=inf must be a finite number > 0: pass model.init_std=0.02"]),
+    (["model.init_std=nan"], ["model.init_std=nan must be a finite number > 0"]),
+    (["optimizer.lr=inf"], ["optimizer.lr=inf must be a finite number > 0"]),
+    (["trainer.grad_clip=-inf"], ["trainer.grad_clip=-inf must be a finite number >= 0"]),
+    (["optimizer.betas=[0.9,nan]"], ["optimizer.betas=[0.9,nan] must be a finite number in [0, 1)"]),
+    (["abort.max_seconds=inf"], ["abort.max_seconds=inf must be a finite number >= 0"]),
+    (["parallel.hang_timeout=nan"], ["parallel.hang_timeout=nan must be a finite number >= 0"]),
+    (["seed=-1"], ["seed=-1 must be in [0, 2**63)"]),
+    (["logger=[jsonl]", "logger.jsonl.filename=../../escaped.jsonl"], ["logger.jsonl.filename='../../escaped.jsonl' must name a file or folder inside the run folder"]),
 ]
 
 

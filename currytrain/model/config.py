@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from currytrain.rules import at_least, divisors, one_of, positive
+from currytrain.rules import bounded, divisors, one_of
 
 AC_MODES = ("none", "full", "selective")
 """Activation-checkpointing modes (model.ac); parallelize_decoder implements each."""
@@ -28,44 +28,41 @@ class ModelConfig:
     ac_policy: str = "block"
     """With ac=selective: block (recompute every ac_every-th block whole, keep the others) or op (in every
     block keep the matmul and attention outputs, recompute the cheap elementwise ops and norms)."""
-    ac_every: int = 2
+    ac_every: int = bounded(2, ge=1)
     """With ac=selective and ac_policy=block: checkpoint blocks 0, k, 2k, ... of model.layers
     (1 checkpoints all of them, like ac=full)."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
         """Activation-checkpointing fields."""
-        problems = one_of(node, path, "ac", AC_MODES, fix="full") + one_of(node, path, "ac_policy", AC_POLICIES)
-        if not node.ac_every >= 1:
-            problems.append(f"{path}.ac_every={node.ac_every} must be >= 1 (checkpoint every k-th block): pass {path}.ac_every=2")
-        return problems
+        return one_of(node, path, "ac", AC_MODES, fix="full") + one_of(node, path, "ac_policy", AC_POLICIES)
 
 
 @dataclass
 class DecoderConfig(ModelConfig):
     """Fields every decoder family shares; model/size/*.yaml sets them. Families subclass it."""
 
-    vocab_size: int = 256
+    vocab_size: int = bounded(256, ge=1)
     """Number of token ids the embedding covers; must be >= the data's vocabulary."""
-    dim: int = 128
+    dim: int = bounded(128, ge=1)
     """Width of the residual stream."""
-    n_layers: int = 4
+    n_layers: int = bounded(4, ge=1)
     """Number of transformer blocks."""
-    n_heads: int = 4
+    n_heads: int = bounded(4, ge=1)
     """Query heads per attention layer; must divide dim."""
-    n_kv_heads: int = 2
+    n_kv_heads: int = bounded(2, ge=1)
     """Key/value heads; must divide n_heads (== n_heads is plain multi-head attention, 1 is MQA)."""
-    mlp_hidden: int = 384
+    mlp_hidden: int = bounded(384, ge=1)
     """Hidden width of the SwiGLU MLP."""
-    max_seq_len: int = 128
+    max_seq_len: int = bounded(128, ge=1)
     """Longest sequence the RoPE tables cover (tokens)."""
-    rope_theta: float = 10000.0
+    rope_theta: float = bounded(10000.0, gt=0)
     """RoPE base frequency."""
-    norm_eps: float = 1e-5
+    norm_eps: float = bounded(1e-5, gt=0)
     """RMSNorm epsilon."""
     tie_embeddings: bool = False
     """Share the token embedding with the output projection."""
-    init_std: float = 0.02
+    init_std: float = bounded(0.02, gt=0)
     """Std of the normal init of linear and embedding weights (at mup_base_width when mup=true)."""
     mup: bool = False
     """Maximal update parameterisation (muP): hidden matrices start with std init_std*sqrt(base/width) and
@@ -73,19 +70,13 @@ class DecoderConfig(ModelConfig):
     sqrt(base/width)/sqrt(head_dim), i.e. 1/head_dim as width grows (width=dim, base=mup_base_width).
     At dim == mup_base_width the model and its training equal mup=false, so hyperparameters tuned there
     transfer to wider models. Assumes widths vary at fixed n_heads/n_kv_heads and mlp_hidden/dim."""
-    mup_base_width: int = 128
+    mup_base_width: int = bounded(128, ge=1, example="{dim}")
     """With mup=true: the dim at which hyperparameters (lr, init_std) were tuned."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
-        """Sizes, init and muP fields every decoder family has."""
-        problems = at_least(node, path, ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden", "max_seq_len"))
-        problems += positive(node, path, "init_std", 0.02) + positive(node, path, "norm_eps", 1e-5)
-        if not node.mup_base_width >= 1:
-            problems.append(
-                f"{path}.mup_base_width={node.mup_base_width} must be >= 1: pass the {path}.dim hyperparameters were tuned at, "
-                f"e.g. {path}.mup_base_width={max(1, node.dim)}"
-            )
+        """How the head counts divide the width and each other (the fields' ranges are declared with them)."""
+        problems: list[str] = []
         if node.n_heads < 1 or node.n_kv_heads < 1 or node.dim < 1:
             return problems
         if node.dim % node.n_heads and not node.get("head_dim", 0):
@@ -111,7 +102,7 @@ def head_size(node: Any) -> int:
 class RopeDecoderConfig(DecoderConfig):
     """The fields of the decoders whose attention rotates queries and keys (RoPE): gqa and moe."""
 
-    head_dim: int = 0
+    head_dim: int = bounded(0, ge=0)
     """Width of each attention head; 0 derives it as dim/n_heads. Set it when a checkpoint's heads are wider
     or narrower than that (Qwen3-0.6B: dim 1024, 16 heads of 128); q/k/v project dim -> n_heads*head_dim."""
     rope_scaling: str = "none"
@@ -119,53 +110,42 @@ class RopeDecoderConfig(DecoderConfig):
     (Llama 3.1+: low frequencies / rope_factor, high ones kept, a smooth ramp between) or yarn (Qwen2.5/3
     long context, DeepSeek: the same idea with the ramp set by rotation counts, plus an attention temperature)
     or dynamic (NTK: unscaled up to rope_original_max_seq_len, a longer input raises theta with its length)."""
-    rope_factor: float = 1.0
+    rope_factor: float = bounded(1.0, gt=0, example=8.0)
     """With rope_scaling=linear|llama3|yarn: how much the context is stretched (Llama 3.1: 8, Llama 3.2: 32)."""
-    rope_low_freq_factor: float = 1.0
+    rope_low_freq_factor: float = bounded(1.0, gt=0)
     """With rope_scaling=llama3: wavelengths above rope_original_max_seq_len/this are divided by rope_factor."""
-    rope_high_freq_factor: float = 4.0
+    rope_high_freq_factor: float = bounded(4.0, gt=0)
     """With rope_scaling=llama3: wavelengths below rope_original_max_seq_len/this are kept; must exceed the low one."""
-    rope_original_max_seq_len: int = 8192
+    rope_original_max_seq_len: int = bounded(8192, ge=1)
     """With rope_scaling=llama3|yarn|dynamic: the context length (tokens) the model was pretrained at before scaling."""
-    rope_beta_fast: float = 32.0
+    rope_beta_fast: float = bounded(32.0, gt=0)
     """With rope_scaling=yarn: channel pairs turning more than this many times over rope_original_max_seq_len keep their frequency."""
-    rope_beta_slow: float = 1.0
+    rope_beta_slow: float = bounded(1.0, gt=0)
     """With rope_scaling=yarn: pairs turning fewer times than this are interpolated by rope_factor (a ramp between)."""
-    rope_attention_factor: float = 0.0
+    rope_attention_factor: float = bounded(0.0, ge=0)
     """With rope_scaling=yarn: what cos and sin are multiplied by (sharper attention at long range);
     0 derives 0.1 * ln(rope_factor) + 1."""
     rope_truncate: bool = True
     """With rope_scaling=yarn: round the ramp's ends to whole pairs (transformers' default; gpt-oss sets false)."""
-    sliding_window: int = 0
+    sliding_window: int = bounded(0, ge=0)
     """Each token attends to itself and the sliding_window - 1 tokens before it (Mistral v0.1, every layer);
     0 attends over the whole causal context."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
-        """RoPE needs a positive theta and an even head size; scaling and window fields in range."""
-        problems = positive(node, path, "rope_theta", 10000) + one_of(node, path, "rope_scaling", ROPE_SCALINGS)
-        for key in ("head_dim", "sliding_window"):
-            if not node[key] >= 0:
-                problems.append(f"{path}.{key}={node[key]} must be >= 0 (0 is the default): pass {path}.{key}=0")
+        """RoPE needs an even head size; the scalings' paired fields in order."""
+        problems = one_of(node, path, "rope_scaling", ROPE_SCALINGS)
         if node.head_dim > 0 and node.head_dim % 2:
             problems.append(f"{path}.head_dim={node.head_dim} is odd, RoPE needs an even head size: pass {path}.head_dim={node.head_dim + 1}")
         elif node.head_dim == 0 and node.n_heads >= 1 and node.dim % node.n_heads == 0 and head_size(node) % 2:
             problems.append(f"{path}.dim/{path}.n_heads={head_size(node)} is odd, RoPE needs an even head size: change {path}.dim or {path}.n_heads")
-        if node.rope_scaling != "none":
-            problems += positive(node, path, "rope_factor", 8.0)
         if node.rope_scaling == "yarn":
-            problems += at_least(node, path, ("rope_original_max_seq_len",))
             if not node.rope_beta_fast > node.rope_beta_slow > 0:
                 problems.append(
                     f"{path}.rope_beta_fast={node.rope_beta_fast} must exceed {path}.rope_beta_slow={node.rope_beta_slow} > 0: "
                     f"pass {path}.rope_beta_fast=32 {path}.rope_beta_slow=1"
                 )
-            if not node.rope_attention_factor >= 0:
-                problems.append(f"{path}.rope_attention_factor={node.rope_attention_factor} must be >= 0 (0 derives it): pass {path}.rope_attention_factor=0")
-        if node.rope_scaling == "dynamic":
-            problems += at_least(node, path, ("rope_original_max_seq_len",))
         if node.rope_scaling == "llama3":
-            problems += at_least(node, path, ("rope_original_max_seq_len",))
             if not node.rope_high_freq_factor > node.rope_low_freq_factor > 0:
                 problems.append(
                     f"{path}.rope_high_freq_factor={node.rope_high_freq_factor} must exceed {path}.rope_low_freq_factor="
@@ -194,11 +174,11 @@ class MoEConfig(RopeDecoderConfig):
     """
 
     _target_: str = "currytrain.model.moe.MoETransformer"
-    num_experts: int = 4
+    num_experts: int = bounded(4, ge=1)
     """Routed experts per MoE layer."""
-    top_k: int = 2
+    top_k: int = bounded(2, ge=1)
     """Experts each token is sent to; 1 <= top_k <= num_experts."""
-    expert_hidden: int = 192
+    expert_hidden: int = bounded(192, ge=1)
     """Hidden width of each routed SwiGLU expert. top_k * expert_hidden == mlp_hidden gives the dense
     model's active MLP FLOPs per token (192 = 384 / 2 at the debug size)."""
     gating: str = "softmax"
@@ -206,13 +186,13 @@ class MoEConfig(RopeDecoderConfig):
     renormalize: bool = True
     """Rescale each token's top-k weights to sum to 1. With top_k=1 and softmax this makes every weight 1,
     so the router then learns from the auxiliary losses only."""
-    capacity_factor: float = 0.0
+    capacity_factor: float = bounded(0.0, ge=0)
     """Slots per expert as a multiple of the balanced load, capacity = ceil(factor * tokens * top_k /
     num_experts) per forward pass; assignments beyond it are dropped (the token keeps its residual).
     0 is dropless: every assignment is computed."""
-    aux_loss_coef: float = 0.01
+    aux_loss_coef: float = bounded(0.01, ge=0)
     """Weight of the load-balancing loss (Switch/GShard; 1.0 when perfectly balanced), per MoE layer, summed over layers."""
-    z_loss_coef: float = 0.001
+    z_loss_coef: float = bounded(0.001, ge=0)
     """Weight of the router z-loss (ST-MoE: mean squared logsumexp of the router logits), per layer, summed."""
     shared_expert: bool = False
     """Add a dense SwiGLU of width mlp_hidden that every token passes through, next to the routed experts."""
@@ -220,16 +200,10 @@ class MoEConfig(RopeDecoderConfig):
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
         """Routing fields of model=moe."""
-        problems = at_least(node, path, ("num_experts", "top_k", "expert_hidden"))
+        problems = []
         if node.num_experts >= 1 and not 1 <= node.top_k <= node.num_experts:
             problems.append(f"{path}.top_k={node.top_k} must be in [1, {path}.num_experts={node.num_experts}]: pass {path}.top_k={min(2, node.num_experts)}")
-        problems += one_of(node, path, "gating", MOE_GATINGS)
-        if not node.capacity_factor >= 0:
-            problems.append(f"{path}.capacity_factor={node.capacity_factor} must be >= 0 (0 is dropless): pass {path}.capacity_factor=1.25 or 0")
-        for key in ("aux_loss_coef", "z_loss_coef"):
-            if not node[key] >= 0:
-                problems.append(f"{path}.{key}={node[key]} must be >= 0 (0 disables it): pass {path}.{key}=0")
-        return problems
+        return problems + one_of(node, path, "gating", MOE_GATINGS)
 
 
 MOE_GATINGS = ("softmax", "sigmoid")
@@ -252,20 +226,20 @@ class SpikingConfig(DecoderConfig):
     """
 
     _target_: str = "currytrain.model.spiking.SpikingTransformer"
-    timesteps: int = 4
+    timesteps: int = bounded(4, ge=1)
     """Simulation steps T each token is presented for (the same input current every step); compute and
     activation memory grow linearly with T. Must be >= 1."""
-    tau: float = 2.0
+    tau: float = bounded(2.0, ge=1)
     """Membrane time constant, in timesteps: each step the membrane keeps 1 - 1/tau of its potential
     before the new input is added (tau=1: no memory; tau=2: halves). Must be >= 1."""
-    threshold: float = 1.0
+    threshold: float = bounded(1.0, gt=0)
     """Membrane potential at which a neuron spikes (fires when potential >= threshold). Inputs to every
     neuron are RMS-normalised per token, so the unit is one RMS of the input current. Must be > 0."""
     reset: str = "soft"
     """After a spike: soft subtracts the threshold (the excess carries over), hard sets the membrane to 0."""
     surrogate: str = "sigmoid"
     """Pseudo-derivative of the spike used in backward: sigmoid, atan or triangle (the forward stays a step)."""
-    surrogate_slope: float = 4.0
+    surrogate_slope: float = bounded(4.0, gt=0)
     """Sharpness alpha of the surrogate, per unit of membrane potential: the pseudo-derivative at the
     threshold is alpha/4 (sigmoid), alpha/2 (atan) or alpha (triangle, zero beyond 1/alpha); each
     integrates to 1. Must be > 0."""
@@ -276,11 +250,7 @@ class SpikingConfig(DecoderConfig):
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
         """The LIF neuron fields of model=spiking (no RoPE: positions come from the causal mask)."""
-        problems = at_least(node, path, ("timesteps",))
-        if not node.tau >= 1:
-            problems.append(f"{path}.tau={node.tau} must be >= 1 (timesteps; 1 keeps no memory): pass {path}.tau=2.0")
-        problems += positive(node, path, "threshold", 1.0) + positive(node, path, "surrogate_slope", 4.0)
-        return problems + one_of(node, path, "reset", SPIKE_RESETS) + one_of(node, path, "surrogate", SPIKE_SURROGATES)
+        return one_of(node, path, "reset", SPIKE_RESETS) + one_of(node, path, "surrogate", SPIKE_SURROGATES)
 
 
 @dataclass
@@ -288,20 +258,14 @@ class MLPConfig(ModelConfig):
     """model=mlp: a classifier of feature vectors (data=digits, data=table), not a decoder."""
 
     _target_: str = "currytrain.model.mlp.MLPClassifier"
-    in_features: int = 64
+    in_features: int = bounded(64, ge=1)
     """Features per row: the data's column count (data=digits: 64)."""
-    num_classes: int = 10
+    num_classes: int = bounded(10, ge=2)
     """Classes the logits cover: at least the data's (data=digits: 10)."""
-    dim: int = 128
+    dim: int = bounded(128, ge=1)
     """Width of each hidden layer."""
-    n_layers: int = 2
+    n_layers: int = bounded(2, ge=1)
     """Hidden layers (Linear + GELU + dropout each), kept in model.layers."""
-    dropout: float = 0.0
+    dropout: float = bounded(0.0, ge=0, lt=1)
     """Probability of zeroing a hidden unit in training."""
 
-    @staticmethod
-    def check(node: Any, path: str) -> list[str]:
-        problems = at_least(node, path, ("in_features", "dim", "n_layers")) + at_least(node, path, ("num_classes",), minimum=2)
-        if not 0 <= node.dropout < 1:
-            problems.append(f"{path}.dropout={node.dropout} must be in [0, 1): pass {path}.dropout=0.0")
-        return problems

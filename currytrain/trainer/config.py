@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from currytrain.rules import at_least, one_of
+from currytrain.rules import bounded, one_of
 
 
 def compiler_missing() -> bool:
@@ -22,26 +22,26 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 1200
+    max_steps: int = bounded(1200, ge=1)
     """Optimizer steps to run."""
-    batch_size: int = 8
+    batch_size: int = bounded(8, ge=1)
     """Sequences per microbatch, all data-parallel ranks together (each rank gets batch_size / dp ranks)."""
-    grad_accum: int = 1
+    grad_accum: int = bounded(1, ge=1)
     """Microbatches per optimizer step; the loss of each is scaled by 1/grad_accum."""
-    grad_clip: float = 1.0
+    grad_clip: float = bounded(1.0, ge=0)
     """Max global gradient L2 norm; 0 disables clipping."""
-    eval_every: int = 400
+    eval_every: int = bounded(400, ge=1)
     """Evaluate on the val split every this many steps (and always at the end)."""
-    eval_batches: int = 40
+    eval_batches: int = bounded(40, ge=1)
     """Val batches per evaluation (40 of the default 8 sequences: 320 windows, a val loss steady to about 0.02)."""
-    log_every: int = 10
+    log_every: int = bounded(10, ge=1)
     """Send train metrics to the loggers every this many steps."""
-    checkpoint_every: int = 0
+    checkpoint_every: int = bounded(0, ge=0)
     """Save a checkpoint every this many steps; 0 saves only at the end."""
     checkpoint_on_signal: bool = True
     """On Ctrl-C, SIGTERM or SIGUSR1 (a single-process run), finish the step, save a checkpoint, then stop
     (exit 128 + the signal's number); trainer.resume=auto continues from it. False stops without saving."""
-    keep_last: int = 2
+    keep_last: int = bounded(2, ge=1)
     """Complete checkpoints kept in <run>/checkpoints; older ones are deleted."""
     resume: str = "none"
     """none, auto (latest complete checkpoint of this run folder), or a path to a run folder or checkpoint."""
@@ -62,12 +62,7 @@ class TrainerConfig:
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
-        problems = at_least(node, path, ("max_steps", "batch_size", "grad_accum", "eval_every", "eval_batches", "log_every", "keep_last"))
-        if not node.grad_clip >= 0:
-            problems.append(f"{path}.grad_clip={node.grad_clip} must be >= 0 (0 disables clipping): pass {path}.grad_clip=1.0")
-        if not node.checkpoint_every >= 0:
-            problems.append(f"{path}.checkpoint_every={node.checkpoint_every} must be >= 0 (0 saves only at the end): pass {path}.checkpoint_every=0")
-        problems += one_of(node, path, "device", DEVICES) + one_of(node, path, "precision", PRECISIONS)
+        problems = one_of(node, path, "device", DEVICES) + one_of(node, path, "precision", PRECISIONS)
         if node.compile and node.device != "cuda" and compiler_missing():
             problems.append(
                 f"{path}.compile=true needs a C++ compiler for torch.compile's CPU kernels, and neither $CXX nor g++ is on PATH: "
