@@ -30,7 +30,15 @@ from currytrain.parallel.config import ParallelConfig
 from currytrain.parallel.dims import ParallelDims, launched_world_size
 from currytrain.parallel.pipeline import SCHEDULES, even_split, microbatch_problem, stages_per_rank
 from currytrain.rules import divisors, schema_problems
-from currytrain.weights import architecture_mismatch, checkpoint_step, model_node_of, resume_checkpoint, safetensors_problem
+from currytrain.weights import (
+    architecture_mismatch,
+    checkpoint_step,
+    model_node_of,
+    optimizer_state_problems,
+    resume_checkpoint,
+    safetensors_problem,
+    saved_config_of,
+)
 
 
 def schema_of(node: DictConfig) -> type | None:
@@ -175,6 +183,9 @@ def _check_run_dir(cfg: DictConfig, run_dir: str | None) -> list[str]:
         return [
             f"trainer.resume={resume} is at step {step}, so trainer.max_steps={cfg.trainer.max_steps} leaves nothing to train: pass trainer.max_steps=<more than {step}>"
         ]
+    saved = saved_config_of(checkpoint)
+    if cfg.trainer.resume_mode == "full" and saved is not None:  # what can be applied is, at the resume (Trainer.maybe_resume)
+        return optimizer_state_problems(saved, {"optimizer": OmegaConf.to_container(cfg.optimizer, resolve=True)}, resume)
     return []
 
 

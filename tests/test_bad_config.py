@@ -73,7 +73,10 @@ BAD_CONFIGS = [
     (["abort.max_seconds=inf"], ["abort.max_seconds=inf must be a finite number >= 0"]),
     (["parallel.hang_timeout=nan"], ["parallel.hang_timeout=nan must be a finite number >= 0"]),
     (["seed=-1"], ["seed=-1 must be in [0, 2**63)"]),
-    (["logger=[jsonl]", "logger.jsonl.filename=../../escaped.jsonl"], ["logger.jsonl.filename='../../escaped.jsonl' must name a file or folder inside the run folder"]),
+    (
+        ["logger=[jsonl]", "logger.jsonl.filename=../../escaped.jsonl"],
+        ["logger.jsonl.filename='../../escaped.jsonl' must name a file or folder inside the run folder"],
+    ),
 ]
 
 

@@ -61,7 +61,6 @@ class PreflightConfig:
     """Tables: a feature that alone predicts at least this share of the val classes encodes the target."""
 
 
-
 @dataclass
 class SanityConfig:
     """Stage sanity: init loss vs chance, overfit one batch, per-layer gradient and activation statistics."""
@@ -87,7 +86,6 @@ class SanityConfig:
     """Warn when the activation std grows by more than this factor from the first block to the last."""
     dead_fraction: float = bounded(0.5, gt=0, le=1)
     """Warn when more than this share of a block's linear-layer inputs is zero on every token (dead units)."""
-
 
 
 @dataclass
@@ -164,7 +162,6 @@ class SeedsConfig:
     """Warn when the std of the final val loss across seeds exceeds this (nats)."""
     overrides: list[str] = field(default_factory=list)
     """Extra overrides of every seed run ("trainer.batch_size=16")."""
-
 
 
 @dataclass

@@ -163,7 +163,9 @@ class TabularConfig:
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
         if not node.val_fraction + node.test_fraction < 1:
-            return [f"{path}.test_fraction={node.test_fraction} with {path}.val_fraction={node.val_fraction} leaves no rows for train: pass {path}.test_fraction=0"]
+            return [
+                f"{path}.test_fraction={node.test_fraction} with {path}.val_fraction={node.val_fraction} leaves no rows for train: pass {path}.test_fraction=0"
+            ]
         return []
 
 

@@ -268,4 +268,3 @@ class MLPConfig(ModelConfig):
     """Hidden layers (Linear + GELU + dropout each), kept in model.layers."""
     dropout: float = bounded(0.0, ge=0, lt=1)
     """Probability of zeroing a hidden unit in training."""
-

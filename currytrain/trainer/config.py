@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from currytrain.rules import bounded, one_of
+from currytrain.weights import RESUME_MODES
 
 
 def compiler_missing() -> bool:
@@ -44,7 +45,15 @@ class TrainerConfig:
     keep_last: int = bounded(2, ge=1)
     """Complete checkpoints kept in <run>/checkpoints; older ones are deleted."""
     resume: str = "none"
-    """none, auto (latest complete checkpoint of this run folder), or a path to a run folder or checkpoint."""
+    """none, auto (latest complete checkpoint of this run folder), or a path to a run folder or checkpoint.
+    The config may differ from the checkpoint's: what can be applied (batch size, grad_accum, lr and schedule,
+    max_steps, data, loggers...) is applied, printed and journaled (`changed_on_resume`, both values); what cannot
+    (another model shape, another optimizer or its state's keys) exits 2 naming each difference and the fix."""
+    resume_mode: str = "full"
+    """full: continue bit for bit (weights, optimizer state, schedule, RNG, data position). weights: load the
+    model weights only and start the optimizer and its LR schedule (warmup included, spanning the steps left)
+    afresh, for a change of optimizer mid-project; the step count and tokens seen continue, so the folder's
+    checkpoints and curves stay in order. Journaled in the `resume` event."""
     init_from: str = "none"
     """none, or model weights to start from (an `currytrain hf import` folder, a run folder or a checkpoint):
     weights only, fresh optimizer and step 0. Ignored when trainer.resume finds a checkpoint."""
@@ -63,6 +72,12 @@ class TrainerConfig:
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
         problems = one_of(node, path, "device", DEVICES) + one_of(node, path, "precision", PRECISIONS)
+        problems += one_of(node, path, "resume_mode", RESUME_MODES)
+        if node.resume_mode == "weights" and node.resume == "none":
+            problems.append(
+                f"{path}.resume_mode=weights resumes the model weights of a checkpoint, and {path}.resume=none names none: pass {path}.resume=auto "
+                f"(or a checkpoint), or use {path}.init_from=<weights> to start a new run from them"
+            )
         if node.compile and node.device != "cuda" and compiler_missing():
             problems.append(
                 f"{path}.compile=true needs a C++ compiler for torch.compile's CPU kernels, and neither $CXX nor g++ is on PATH: "

@@ -89,7 +89,9 @@ def test_a_held_folder_refuses_a_resume_and_still_serves_its_readers(tmp_path, c
 @pytest.mark.reliability(fault="kill -9 (SIGKILL) of a run holding its folder", protection="stale lock (dead pid) taken over with a journal line; resume=auto")
 def test_a_killed_runs_lock_is_taken_over_by_its_resume_with_a_journal_line(tmp_path):
     run_dir = tmp_path / "run"
-    killed = popen_launch("logger=[jsonl]", "build.allow=[tests]", "+logger.kill={_target_:tests.faulty.Killer,at:3}", "trainer.checkpoint_every=2", f"hydra.run.dir={run_dir}")
+    killed = popen_launch(
+        "logger=[jsonl]", "build.allow=[tests]", "+logger.kill={_target_:tests.faulty.Killer,at:3}", "trainer.checkpoint_every=2", f"hydra.run.dir={run_dir}"
+    )
     assert killed.wait(timeout=300) == -signal.SIGKILL
     killed.communicate()
     stale = json.loads((run_dir / "run.lock").read_text())
