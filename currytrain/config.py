@@ -146,6 +146,27 @@ def compose_config(overrides: list[str]) -> DictConfig:
             raise ConfigError(str(error).split("\nConfig search path:")[0]) from None
 
 
+def unparsable_overrides(args: list[str]) -> list[str]:
+    """Overrides Hydra's grammar cannot read, each named (Hydra's own message names only the input it stopped at)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser, problems = OverridesParser.create(), []
+    for arg in args:
+        if arg.startswith("-") or "=" not in arg and not arg.startswith("~"):
+            continue
+        try:
+            parser.parse_override(arg)
+        except HydraException as error:
+            key = arg.split("=", 1)[0]
+            reason = str(error).split("\n")[0]
+            problems.append(
+                f"{arg}: the value of {key.lstrip('+~')} is not valid override syntax ({reason}): quote it, e.g. {key}='<value>', "
+                "or see https://hydra.cc/docs/advanced/override_grammar/basic"
+            )
+    return problems
+
+
 def unknown_list_choices(args: list[str], conf_dirs: list[Path]) -> list[str]:
     """Hydra lists the options of a group when one chosen option does not exist (`model=nope`), but not
     for a list of options (`logger=[tensorboard,nope]`): the problems of such overrides, with the options."""

@@ -109,7 +109,7 @@ def bounded(
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def _declared(schema: type, name: str) -> Bounds:
+def declared_bounds(schema: type, name: str) -> Bounds:
     """The field's Bounds, from the nearest class that declares them: a subclass that only changes a default
     (`max_bytes: int = 16_000_000`) keeps its base class's range."""
     for klass in schema.__mro__:
@@ -140,7 +140,7 @@ def schema_problems(node: Any, schema: type, path: str) -> list[str]:
     for spec in dataclasses.fields(schema):
         if spec.name not in node:
             continue
-        bounds = _declared(schema, spec.name)
+        bounds = declared_bounds(schema, spec.name)
         is_float = _is_float_field(spec.type)
         if bounds == Bounds() and not is_float:
             continue

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from currytrain.build import target_problems
 from currytrain.data.base import BYTE_VOCAB
@@ -380,10 +380,9 @@ def parallel_problems(cfg: DictConfig) -> list[str]:
 def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
     """All problems of a composed config (empty when it is good)."""
     try:
-        task = OmegaConf.masked_copy(cfg, [key for key in cfg.keys() if key != "hydra"]) if "hydra" in cfg else cfg
         if mismatch := _check_tables(cfg):  # alone: the other checks read fields (data.seq_len) one side lacks
             return mismatch
-        problems = target_problems(task, extra=cfg.build.allow)
+        problems = [problem for key in cfg.keys() if key != "hydra" for problem in target_problems(cfg._get_node(key), str(key), extra=cfg.build.allow)]
         problems += check_tree(cfg)
         for check in CROSS_GROUP_CHECKS:
             problems += check(cfg)
@@ -391,7 +390,28 @@ def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         # Sizing builds the model on the meta device: only once every value it reads is known good.
         return problems or _check_memory(cfg)
     except OmegaConfBaseException as error:  # an interpolation that cannot resolve, a missing value
-        return [f"the config cannot be read: {error}"]
+        return unreadable_values(cfg) or [f"{getattr(error, 'full_key', None) or 'the config'} cannot be read: {str(error).splitlines()[0]}"]
+
+
+def unreadable_values(node: Any, path: str = "") -> list[str]:
+    """Every value of the tree (hydra's aside) that cannot be read, with its key: an interpolation naming a key that
+    does not exist, a mandatory value left missing (???)."""
+    problems = []
+    keys = range(len(node)) if isinstance(node, ListConfig) else [key for key in node.keys() if path or key != "hydra"]
+    for key in keys:
+        where = f"{path}[{key}]" if isinstance(node, ListConfig) else f"{path}.{key}" if path else str(key)
+        try:
+            child = node._get_node(key)
+            if isinstance(child, DictConfig | ListConfig) and not child._is_interpolation():
+                problems += unreadable_values(child, where)
+            else:
+                node[key]
+        except MissingMandatoryValue:
+            problems.append(f"{where} has no value (???): pass {where}=<value>")
+        except OmegaConfBaseException as error:
+            value = node._get_node(key)._value() if node._get_node(key) is not None else None
+            problems.append(f"{where}={value} cannot be read ({str(error).splitlines()[0]}): fix the value or the interpolation of {where}")
+    return problems
 
 
 def raise_on_problems(problems: list[str]) -> None:

@@ -12,11 +12,22 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from hypothesis import HealthCheck, Phase, settings
 
 from currytrain.config import register_configs
 
 ROOT = Path(__file__).resolve().parents[1]
+FUZZ_CASES = int(os.environ.get("CURRYTRAIN_FUZZ_CASES", "500"))
+"""Cases of the config fuzz test in `make test` (the `ci` hypothesis profile)."""
 CONF = ROOT / "conf"
+
+# Hypothesis profiles (tests/reliability/test_fuzz_config.py): `ci`, the default, derandomised so that every run of
+# `make test` draws the same cases; `long` (--hypothesis-profile=long) for a nightly job.
+# No shrinking: a failing case is printed as drawn (shrinking re-composes configs for minutes).
+FUZZ_SETTINGS = {"derandomize": True, "deadline": None, "database": None, "suppress_health_check": list(HealthCheck), "phases": [Phase.generate]}
+settings.register_profile("ci", max_examples=FUZZ_CASES, **FUZZ_SETTINGS)
+settings.register_profile("long", max_examples=5000, **FUZZ_SETTINGS)
+settings.load_profile("ci")
 
 # Small enough that a run of a few steps takes about a second on one CPU core.
 TINY = [
