@@ -119,6 +119,11 @@ def declared_bounds(schema: type, name: str) -> Bounds:
     return Bounds()
 
 
+def _is_list_field(annotation: Any) -> bool:
+    text = annotation if isinstance(annotation, str) else str(annotation)
+    return text.startswith(("list[", "List["))
+
+
 def _is_float_field(annotation: Any) -> bool:
     return "float" in (annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation)))
 
@@ -142,7 +147,7 @@ def schema_problems(node: Any, schema: type, path: str) -> list[str]:
             continue
         bounds = declared_bounds(schema, spec.name)
         is_float = _is_float_field(spec.type)
-        if bounds == Bounds() and not is_float:
+        if bounds == Bounds() and not is_float and not _is_list_field(spec.type):
             continue
         key = f"{path}.{spec.name}" if path else spec.name
         try:
@@ -152,6 +157,9 @@ def schema_problems(node: Any, schema: type, path: str) -> list[str]:
             continue
         if hasattr(value, "_content") and not isinstance(value, str):  # a ListConfig
             value = list(value)
+        if _is_list_field(spec.type) and value is not None and not isinstance(value, list):  # an interpolation of a scalar
+            problems.append(f"{key}={_show(value)} must be a list: pass {key}={_default(spec) or '[...]'}")
+            continue
         numbers = _numbers(value)
         example = _example(bounds.example, node) if bounds.example is not None else _default(spec)
         fix = f"pass {key}={example}" if example is not None else f"pass a value {bounds.describe()}"

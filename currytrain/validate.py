@@ -21,7 +21,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from currytrain.build import target_problems
 from currytrain.data.base import BYTE_VOCAB
-from currytrain.data.config import DigitsConfig, TabularConfig
+from currytrain.data.config import PROBE_SPECIAL_TOKENS, DigitsConfig, ProbeConfig, TabularConfig
 from currytrain.errors import ConfigError, ConfigRejected, format_problems
 from currytrain.lock import acquire, held_by_another, holding
 from currytrain.model.config import DecoderConfig, GQAConfig, MLPConfig, MoEConfig
@@ -71,10 +71,15 @@ def check_tree(node: DictConfig, path: str = "") -> list[str]:
     problems: list[str] = []
     schema = schema_of(node)
     if schema is not None:
-        problems += _unknown_keys(node, schema, path) + schema_problems(node, schema, path)
+        declared = schema_problems(node, schema, path)
+        problems += _unknown_keys(node, schema, path) + declared
         for klass in reversed(schema.__mro__):
             if isinstance(vars(klass).get("check"), staticmethod):  # not RootConfig's `check` group field
-                problems += klass.check(node, path)
+                try:
+                    problems += klass.check(node, path)
+                except (TypeError, ValueError, AttributeError, ArithmeticError):
+                    if not declared:  # a bug of the check itself
+                        raise  # else a value of the wrong kind tripped it, and `declared` names that value
     for key in node.keys():
         child = node._get_node(key)
         if isinstance(child, DictConfig) and not (not path and key == "hydra"):
@@ -91,6 +96,11 @@ def _data_vocab(data: DictConfig) -> tuple[int | None, str]:
         from currytrain.data.tokenizer import tokenizer_vocab_size
 
         return tokenizer_vocab_size(data.tokenizer)[0], f"the vocabulary of data.tokenizer={data.tokenizer}"
+    if "num_symbols" in data and _is(data, ProbeConfig):  # the probe tasks' symbols follow their 3 special tokens
+        return (
+            PROBE_SPECIAL_TOKENS + data.num_symbols,
+            f"the probe tasks' vocabulary ({PROBE_SPECIAL_TOKENS} special tokens + data.num_symbols={data.num_symbols})",
+        )
     return (data.vocab_size if "vocab_size" in data else BYTE_VOCAB), "the data's vocabulary"
 
 
@@ -331,14 +341,18 @@ def _check_memory(cfg: DictConfig) -> list[str]:
     """Refuse a run that cannot fit, with the estimate (currytrain/estimate.py) and what to change."""
     from currytrain.estimate import GiB, device_memory, estimate_memory
 
-    estimate = estimate_memory(cfg)
     available, where = device_memory(cfg.trainer.device)
+    try:
+        estimate = estimate_memory(cfg, limit=available)
+    except (OverflowError, RuntimeError, TypeError, ValueError, MemoryError) as error:  # sizes beyond what torch can even describe
+        sizes = " / ".join(f"model.{key}={cfg.model[key]}" for key in ("dim", "n_layers", "vocab_size", "mlp_hidden", "max_seq_len") if key in cfg.model)
+        return [f"the model cannot be built at this size ({sizes}: {str(error).splitlines()[0][:200]}): lower the sizes (or choose model/size)"]
     if estimate.total <= available:
         return []
     return [
         f"the run needs about {estimate.describe()}, more than {where} holds ({available / GiB:,.1f} GiB): "
         "lower model.dim / model.n_layers / model.mlp_hidden (or model/size), lower trainer.batch_size "
-        "(raise trainer.grad_accum to keep the batch), or set model.ac=full"
+        "(raise trainer.grad_accum to keep the batch), or set model.ac=full" + (", or lower data.num_tokens" if estimate.data else "")
     ]
 
 
@@ -382,7 +396,8 @@ def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
     try:
         if mismatch := _check_tables(cfg):  # alone: the other checks read fields (data.seq_len) one side lacks
             return mismatch
-        problems = [problem for key in cfg.keys() if key != "hydra" for problem in target_problems(cfg._get_node(key), str(key), extra=cfg.build.allow)]
+        allow = cfg.build.allow if isinstance(cfg.build.allow, ListConfig) else []  # not a list: check_tree says so
+        problems = [problem for key in cfg.keys() if key != "hydra" for problem in target_problems(cfg._get_node(key), str(key), extra=allow)]
         problems += check_tree(cfg)
         for check in CROSS_GROUP_CHECKS:
             problems += check(cfg)

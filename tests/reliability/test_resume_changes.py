@@ -70,7 +70,9 @@ def test_another_optimizer_is_refused_with_the_fix_and_resume_mode_weights_keeps
     assert marker["config"]["optimizer"]["_target_"].endswith("build_sgd") and marker["tokens"] == 8 * 4 * SEQ
 
 
-@pytest.mark.reliability(fault="resume with another batch size, grad_accum and lr", protection="applied, printed and journaled (changed_on_resume, both values); tokens seen exact")
+@pytest.mark.reliability(
+    fault="resume with another batch size, grad_accum and lr", protection="applied, printed and journaled (changed_on_resume, both values); tokens seen exact"
+)
 def test_a_changed_batch_and_lr_are_applied_printed_journaled_and_the_tokens_seen_stay_exact(adamw_run, sgd_resumes):
     assert sgd_resumes[2].returncode == 0, "this resume continues the SGD run's step 8"
     result = launch(
@@ -85,7 +87,11 @@ def test_a_changed_batch_and_lr_are_applied_printed_journaled_and_the_tokens_see
     )
     assert result.returncode == 0, result.stderr[-3000:]
     output = result.stdout + result.stderr
-    for line in ("changed on resume: trainer.batch_size 4 -> 8", "changed on resume: trainer.grad_accum 1 -> 2", "changed on resume: optimizer.lr 1e-09 -> 0.05"):
+    for line in (
+        "changed on resume: trainer.batch_size 4 -> 8",
+        "changed on resume: trainer.grad_accum 1 -> 2",
+        "changed on resume: optimizer.lr 1e-09 -> 0.05",
+    ):
         assert line in output, output[-3000:]
     records = read_journal(adamw_run / "journal.jsonl")
     changed = [r for r in records if r["type"] == "changed_on_resume"][-1]
