@@ -46,6 +46,8 @@ def inside_run_folder(node: Any, path: str, key: str, example: str) -> list[str]
 # ------------------------------------------------------------------------------------ ranges in the schema
 
 BOUNDS = "currytrain.bounds"
+FLOAT32_MAX = 3.4028234663852886e38
+"""The largest float32: a float field beyond it trains (or is compared) as inf."""
 """The dataclass field metadata key under which bounded() declares a field's range."""
 
 
@@ -153,7 +155,8 @@ def schema_problems(node: Any, schema: type, path: str) -> list[str]:
         try:
             value = node[spec.name]
         except Exception as error:  # an interpolation that cannot resolve, a missing mandatory value
-            problems.append(f"{key} cannot be read: {str(error).splitlines()[0]}: fix or remove the override of {key}")
+            raw = node._get_node(spec.name)._value() if hasattr(node, "_get_node") else "?"
+            problems.append(f"{key}={raw} cannot be read ({str(error).splitlines()[0]}): fix the value or the interpolation of {key}")
             continue
         if hasattr(value, "_content") and not isinstance(value, str):  # a ListConfig
             value = list(value)
@@ -166,6 +169,8 @@ def schema_problems(node: Any, schema: type, path: str) -> list[str]:
         if is_float and not bounds.nonfinite and any(isinstance(n, float) and not math.isfinite(n) for n in numbers):
             wanted = f"a finite number {bounds.describe()}".rstrip()
             problems.append(f"{key}={_show(value)} must be {wanted}: {fix}")
+        elif is_float and not bounds.nonfinite and any(abs(n) > FLOAT32_MAX for n in numbers):
+            problems.append(f"{key}={_show(value)} is beyond float32's range (about ±3.4e38), where it becomes inf: {fix}")
         elif any(not bounds.holds(n) for n in numbers if not (isinstance(n, float) and math.isnan(n))):
             each = "each entry " if isinstance(value, list) else ""
             problems.append(f"{key}={_show(value)} must be {each}{bounds.describe()}: {fix}")

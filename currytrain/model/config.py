@@ -62,8 +62,8 @@ class DecoderConfig(ModelConfig):
     """RMSNorm epsilon."""
     tie_embeddings: bool = False
     """Share the token embedding with the output projection."""
-    init_std: float = bounded(0.02, gt=0, le=1)
-    """Std of the normal init of linear and embedding weights (at mup_base_width when mup=true); at most 1."""
+    init_std: float = bounded(0.02, gt=0)
+    """Std of the normal init of linear and embedding weights (at mup_base_width when mup=true)."""
     mup: bool = False
     """Maximal update parameterisation (muP): hidden matrices start with std init_std*sqrt(base/width) and
     train with lr*base/width (Adam), logits are multiplied by base/width and attention scores by

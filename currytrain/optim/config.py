@@ -42,8 +42,8 @@ class AdamWConfig:
     """torch.optim.AdamW; weight decay applies to matrices only (not norms or biases)."""
 
     _target_: str = "currytrain.optim.builders.build_adamw"
-    lr: float = bounded(3e-3, gt=0, le=100)
-    """Peak learning rate (at most 100: a larger one is a typo)."""
+    lr: float = bounded(3e-3, gt=0)
+    """Peak learning rate."""
     betas: list[float] = bounded(default_factory=lambda: [0.9, 0.95], ge=0, lt=1)
     """Adam beta1, beta2."""
     eps: float = bounded(1e-8, gt=0)
@@ -68,8 +68,8 @@ class SGDConfig:
     """torch.optim.SGD with momentum; weight decay applies to matrices only."""
 
     _target_: str = "currytrain.optim.builders.build_sgd"
-    lr: float = bounded(0.1, gt=0, le=100)
-    """Peak learning rate (at most 100: a larger one is a typo)."""
+    lr: float = bounded(0.1, gt=0)
+    """Peak learning rate."""
     momentum: float = bounded(0.9, ge=0, lt=1)
     """Momentum factor."""
     nesterov: bool = True
