@@ -5,7 +5,6 @@ per day folder or per sweep), since MLflow 3 refuses its plain file store; any t
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,13 +18,15 @@ MAX_PARAM_CHARS = 6000
 BATCH_METRICS = 1000
 """MLflow's limit on the metrics of one log_batch call."""
 FLUSH_SECONDS = 2.0
-"""Metrics are written to the store in batches by a thread of their own, at least this often and whenever
-BATCH_METRICS are waiting, and the rest when the run ends: MLflow's store takes about half a millisecond of
-Python per metric, which written from the training loop cost a small model more than its step."""
+"""Metrics are written to the store in batches, at least this often, whenever BATCH_METRICS are waiting and when
+the run ends: MLflow's SQLite store takes a transaction and about half a millisecond of Python per metric."""
 STATUSES = {"finished": "FINISHED", "failed": "FAILED"}
 
 
 class MLflowLogger:
+    deferred = True
+    """MultiLogger calls it from its logging thread, off the training loop (logger.base)."""
+
     def __init__(self, run_dir: str, tracking_uri: str = "", experiment: str = "currytrain", run_name: str = ""):
         from mlflow.tracking import MlflowClient  # optional extra, imported only when chosen
 
@@ -37,37 +38,19 @@ class MLflowLogger:
         tags = {"currytrain.run_dir": str(self.run_dir.resolve()), **journal_tags(self.run_dir)}
         self.run_id = self.client.create_run(experiment_id, run_name=run_name or self.run_dir.name, tags=tags).info.run_id
         self.pending: list[Any] = []
-        self.lock = threading.Lock()
-        self.wake, self.stopping = threading.Event(), False
-        self.error: BaseException | None = None
-        self.writer = threading.Thread(target=self._write_in_background, name="mlflow-metrics", daemon=True)
-        self.writer.start()
+        self.flushed = time.monotonic()
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         from mlflow.entities import Metric
 
-        if self.error is not None:  # the store refused a batch: the run learns of it at its next log
-            raise self.error
         stamp = int(time.time() * 1000)
-        with self.lock:
-            self.pending += [Metric(name, float(value), stamp, step) for name, value in metrics.items()]
-            if len(self.pending) >= BATCH_METRICS:
-                self.wake.set()
-
-    def _write_in_background(self) -> None:
-        while not self.stopping:
-            self.wake.wait(FLUSH_SECONDS)
-            self.wake.clear()
-            try:
-                self.flush()
-            except Exception as error:  # kept for the training thread to raise
-                self.error = error
-                return
+        self.pending += [Metric(name, float(value), stamp, step) for name, value in metrics.items()]
+        if len(self.pending) >= BATCH_METRICS or time.monotonic() - self.flushed > FLUSH_SECONDS:
+            self.flush()
 
     def flush(self) -> None:
         """Write the metrics logged since the last flush, in batches of MLflow's size."""
-        with self.lock:
-            pending, self.pending = self.pending, []
+        pending, self.pending, self.flushed = self.pending, [], time.monotonic()
         for start in range(0, len(pending), BATCH_METRICS):
             self.client.log_batch(self.run_id, metrics=pending[start : start + BATCH_METRICS])
 
@@ -85,12 +68,7 @@ class MLflowLogger:
         pass  # MLflow has no histogram view
 
     def close(self, status: str = "finished") -> None:
-        self.stopping = True
-        self.wake.set()
-        self.writer.join()
         try:
-            if self.error is not None:
-                raise self.error
             self.flush()
         finally:
             self.client.set_terminated(self.run_id, status=STATUSES.get(status, "FAILED"))
