@@ -36,7 +36,10 @@ BASELINE = "[jsonl]"
 def measure(overrides: list[str], steps: int, rounds: int, warmup: int) -> dict:
     common = ["trainer.log_every=1", "trainer.eval_every=1000000", "trainer.progress=false", "trainer.max_steps=1000000", "data.max_bytes=300000"]
     with tempfile.TemporaryDirectory() as folder:
-        trainers = {name: Trainer(compose_config([*common, *overrides, f"logger={loggers}"]), Path(folder) / name) for name, loggers in (("jsonl", BASELINE), ("all", ALL))}
+        trainers = {
+            name: Trainer(compose_config([*common, *overrides, f"logger={loggers}"]), Path(folder) / name)
+            for name, loggers in (("jsonl", BASELINE), ("all", ALL))
+        }
         for trainer in trainers.values():
             trainer.journal.event("start", step=0)
             for _ in range(warmup):

@@ -137,7 +137,14 @@ def render(rows: list[dict]) -> str:
     for row in sorted(bad, key=lambda row: row.get("group") or _group(row["case"])):
         lines.append(f"| {row.get('group') or _group(row['case'])} | `{row['case']}` | {'yes' if row['outcome'] == 'passed' else 'NO'} |")
     if fuzz:
-        lines += ["", "## Config fuzzing", "", FUZZ_INTRO, "", "| profile | cases | refused, naming a key | valid | of them run | checked through launch.py | exit 1 / traceback / hang | seconds | test |"]
+        lines += [
+            "",
+            "## Config fuzzing",
+            "",
+            FUZZ_INTRO,
+            "",
+            "| profile | cases | refused, naming a key | valid | of them run | checked through launch.py | exit 1 / traceback / hang | seconds | test |",
+        ]
         lines.append("|---|---|---|---|---|---|---|---|---|")
         for row in fuzz:
             failed = "0" if row["outcome"] == "passed" else "**FAILED**"
@@ -149,7 +156,9 @@ def render(rows: list[dict]) -> str:
         lines += ["", "## Load", "", "| case | records kept, per store | seconds | kept | test |", "|---|---|---|---|---|"]
         for row in load:
             records = ", ".join(f"{store} {count:,}" for store, count in (row.get("records") or {}).items())
-            lines.append(f"| {row['case']} | {records} | {row.get('seconds', '?')} | {'yes' if row['outcome'] == 'passed' else 'NO'} | `{_short(row['test'])}` |")
+            lines.append(
+                f"| {row['case']} | {records} | {row.get('seconds', '?')} | {'yes' if row['outcome'] == 'passed' else 'NO'} | `{_short(row['test'])}` |"
+            )
         lines += ["", *bench_lines()]
     return "\n".join(lines) + "\n"
 

@@ -48,7 +48,9 @@ def jsonl_steps(run_dir: Path, tag: str = "train/loss") -> list[int]:
 def test_ten_thousand_steps_logged_every_step_by_every_logger_are_all_kept(tmp_path, record_property):
     run_dir, steps = tmp_path / "run", 10_000
     started = time.perf_counter()
-    result = launch(*SMALL, ALL, f"trainer.max_steps={steps}", "trainer.log_every=1", "trainer.eval_every=5000", "trainer.eval_batches=1", f"hydra.run.dir={run_dir}")
+    result = launch(
+        *SMALL, ALL, f"trainer.max_steps={steps}", "trainer.log_every=1", "trainer.eval_every=5000", "trainer.eval_batches=1", f"hydra.run.dir={run_dir}"
+    )
     seconds = time.perf_counter() - started
     assert result.returncode == 0, result.stderr[-3000:]
     every = list(range(1, steps + 1))
@@ -89,5 +91,15 @@ def test_a_fifty_trial_sweep_keeps_every_trials_journal_metrics_and_trackers(tmp
         assert types[0] == "header" and types.count("start") == 1 and types[-1] == "finish", (number, types)
         assert jsonl_steps(run_dir) == every and sorted(tensorboard_steps(run_dir / "tb")) == every and histories[str(number)] == every
         assert sorted(step for step, row in _wandb_history(run_dir).items() if "train/loss" in row) == every
-    record_property("records", {"trials": trials, "journals": trials, "metrics.jsonl": trials * steps, "tensorboard": trials * steps, "mlflow": trials * steps, "wandb": trials * steps})
+    record_property(
+        "records",
+        {
+            "trials": trials,
+            "journals": trials,
+            "metrics.jsonl": trials * steps,
+            "tensorboard": trials * steps,
+            "mlflow": trials * steps,
+            "wandb": trials * steps,
+        },
+    )
     record_property("seconds", round(seconds))
