@@ -31,7 +31,7 @@ test-fast: $(STAMP)
 # docs/reliability.md, written by the tests it lists (tests/reliability/table.py), with the logger benchmark's figures
 reliability: $(STAMP)
 	$(PY) bench/logger_load.py --json docs/reliability.load.json
-	$(PY) -m pytest -p tests.reliability.table tests/reliability tests/test_bad_config.py $(ARGS)
+	CURRYTRAIN_LOAD_TESTS=1 $(PY) -m pytest -p tests.reliability.table tests/reliability tests/test_bad_config.py $(ARGS)
 
 # The config fuzz's long profile (5,000 cases), for a nightly job: its row in docs/reliability.md
 fuzz-long: $(STAMP)

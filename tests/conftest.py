@@ -134,6 +134,19 @@ def _starts_python(args) -> bool:
     return program.name.startswith("python") or program.parent == Path(sys.executable).parent
 
 
+LOAD_TESTS = os.environ.get("CURRYTRAIN_LOAD_TESTS") == "1"
+"""The load tests (10,000 steps logged at full speed, a 50-trial sweep) take minutes: `make reliability` sets it."""
+
+
+def pytest_collection_modifyitems(config, items):
+    if LOAD_TESTS:
+        return
+    skip = pytest.mark.skip(reason="a load test (minutes): make reliability runs it, or CURRYTRAIN_LOAD_TESTS=1")
+    for item in items:
+        if item.get_closest_marker("load") is not None:
+            item.add_marker(skip)
+
+
 def pytest_configure(config):
     """In the fast tier, starting a Python process (a subprocess or a worker) skips the test that tries."""
     if not FAST_TIER:

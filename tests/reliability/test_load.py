@@ -43,7 +43,7 @@ def jsonl_steps(run_dir: Path, tag: str = "train/loss") -> list[int]:
     return [record["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines() if tag in (record := json.loads(line))]
 
 
-@pytest.mark.slow
+@pytest.mark.load
 @pytest.mark.reliability(kind="load", case="10,000 steps, every step logged, every logger on")
 def test_ten_thousand_steps_logged_every_step_by_every_logger_are_all_kept(tmp_path, record_property):
     run_dir, steps = tmp_path / "run", 10_000
@@ -69,7 +69,7 @@ def test_ten_thousand_steps_logged_every_step_by_every_logger_are_all_kept(tmp_p
     record_property("ms_per_step", round(1e3 * statistics.median(r["train/step_seconds"] for r in records if r["type"] == "metrics"), 2))
 
 
-@pytest.mark.slow
+@pytest.mark.load
 @pytest.mark.reliability(kind="load", case="a 50-trial sweep of tiny trials, every logger on")
 def test_a_fifty_trial_sweep_keeps_every_trials_journal_metrics_and_trackers(tmp_path, record_property):
     sweep_dir, trials, steps = tmp_path / "sweep", 50, 2
