@@ -46,9 +46,9 @@ def inside_run_folder(node: Any, path: str, key: str, example: str) -> list[str]
 # ------------------------------------------------------------------------------------ ranges in the schema
 
 BOUNDS = "currytrain.bounds"
+"""The dataclass field metadata key under which bounded() declares a field's range."""
 FLOAT32_MAX = 3.4028234663852886e38
 """The largest float32: a float field beyond it trains (or is compared) as inf."""
-"""The dataclass field metadata key under which bounded() declares a field's range."""
 
 
 @dataclass(frozen=True)

@@ -228,6 +228,21 @@ def _check_batch_split(cfg: DictConfig) -> list[str]:
     return []
 
 
+TP_UNTRIED = {"norm_position": "pre", "kv_lora_rank": 0, "attn_softcap": 0.0, "logit_softcap": 0.0, "scale_embeddings": False}
+"""Model fields (and the value that is supported) the tensor-parallel plan is not written or tested for yet."""
+CP_UNTRIED = {"kv_lora_rank": 0, "attn_softcap": 0.0}
+"""The same for context parallelism's ring attention (it takes plain softmax attention over equal q/k/v widths)."""
+
+
+def _untried_under(what: str, model: Any, untried: dict[str, Any]) -> list[str]:
+    """One problem per model field in `untried` that is away from its supported value."""
+    return [
+        f"{what} with model.{key}={model[key]} is not supported yet: pass model.{key}={str(value).lower()} (or {what.split('=')[0]}=1)"
+        for key, value in untried.items()
+        if key in model and model[key] != value
+    ]
+
+
 def _check_tensor_parallel(cfg: DictConfig) -> list[str]:
     """parallel.tp splits attention heads (query and key/value alike), the MLP's hidden width and, sequence-parallel,
     the sequence between blocks: each must divide by tp. The plan is written for the GQA and MoE families (MoE layers
@@ -251,6 +266,12 @@ def _check_tensor_parallel(cfg: DictConfig) -> list[str]:
         )
     if model.get("qk_norm"):
         problems.append(f"parallel.tp={tp} with model.qk_norm=true is not supported yet (its norms would see a share of the heads): pass model.qk_norm=false")
+    problems += _untried_under(f"parallel.tp={tp}", model, TP_UNTRIED)
+    if moe and model.get("dense_layers") and (model.get("dense_hidden") or model.mlp_hidden) % tp:
+        width = "dense_hidden" if model.get("dense_hidden") else "mlp_hidden"
+        problems.append(
+            f"parallel.tp={tp} does not divide model.{width}={model[width]}, the width of model.dense_layers' MLP: choose a model.{width} that {tp} divides"
+        )
     if model.tie_embeddings:
         problems.append(
             f"parallel.tp={tp} with model.tie_embeddings=true is not supported (the tied weight would be sharded twice): pass model.tie_embeddings=false"
@@ -299,7 +320,12 @@ def _check_context_parallel(cfg: DictConfig) -> list[str]:
         )
     if model.sliding_window:
         problems.append(f"parallel.cp={cp} runs plain causal attention, not model.sliding_window={model.sliding_window}: pass model.sliding_window=0")
-    return problems
+    if model.get("rope_scaling") in ("dynamic", "longrope"):
+        problems.append(
+            f"parallel.cp={cp} with model.rope_scaling={model.rope_scaling} is not supported (its tables follow the whole input's length, "
+            f"which a rank does not see): pass parallel.cp=1"
+        )
+    return problems + _untried_under(f"parallel.cp={cp}", model, CP_UNTRIED)
 
 
 def _check_pipeline_parallel(cfg: DictConfig) -> list[str]:

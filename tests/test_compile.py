@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import launch
+from conftest import launch, launch_subprocess
 from currytrain.journal import read_journal
 from currytrain.trainer.hooks import CONTINUE, Decision
 from currytrain.trainer.step import accumulated_step
@@ -93,7 +93,8 @@ def compiled_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("compile")
     runs = {}
     for name, compile in (("eager", "false"), ("cold", "true"), ("warm", "true")):
-        result = launch(
+        run = launch if compile == "false" else launch_subprocess  # compiled runs start fresh processes: that is what the cache is for
+        result = run(
             FAST_DATA,
             "model.n_layers=2",
             "trainer.max_steps=4",

@@ -122,7 +122,7 @@ def test_scaffold_writes_the_files_it_promises(project):
         assert (project / "conf" / group / "my_classifier.yaml").is_file()
     assert "def test_my_classifier_trains" in (project / "tests" / "test_my_classifier.py").read_text()
     copied = (project / "experiments" / "my_gqa" / "model.py").read_text()
-    assert "class GQATransformer(Decoder)" in copied and "copy of curryTrain's gqa family" in copied
+    assert "class GQATransformer(RopeDecoder)" in copied and "copy of curryTrain's gqa family" in copied
 
 
 def test_copy_framework_runs_its_own_copy(tmp_path):

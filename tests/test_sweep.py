@@ -15,6 +15,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
+from hydra.core.config_store import ConfigStore
 from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
 from hydra.test_utils.test_utils import TSweepRunner
@@ -34,9 +35,13 @@ def _study(sweep_dir: Path, name: str) -> optuna.Study:
 
 
 def test_hydra_discovers_the_sweeper_and_its_hydra_optuna_sweeper_name():
+    """Here hydra-optuna-sweeper is not installed, so its class path and `optuna` name are curryTrain's; no file
+    of curryTrain lies under that plugin's folder (tests/test_sweep_coexist.py installs both side by side)."""
     names = {f"{c.__module__}.{c.__name__}" for c in Plugins.instance().discover(Sweeper)}
     assert "hydra_plugins.currytrain_sweeper.sweeper.CurryTrainSweeper" in names
     assert "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper" in names
+    assert not (ROOT / "hydra_plugins" / "hydra_optuna_sweeper").exists()
+    assert ConfigStore.instance().load("hydra/sweeper/optuna.yaml").provider == "currytrain"
 
 
 def test_search_space_follows_hydra_syntax_with_a_python_range():
@@ -242,7 +247,7 @@ def test_sweep_runner_with_a_hydra_optuna_sweeper_config(hydra_sweep_runner: TSw
     assert len(trials) == 8 and all(t.state == TrialState.COMPLETE for t in trials)
     assert all(t.params["n"] in (1, 2, 3) for t in trials)  # range(1, 4) never gives 4
     assert results.best_value == pytest.approx(min(t.value for t in trials))
-    assert set(results.best_params) == {"x", "n", "op"}
+    assert set(results.best_params) == {"x", "y", "n", "op"}
 
 
 def test_multi_objective_sweep_writes_its_pareto_front(hydra_sweep_runner: TSweepRunner, tmp_path):
@@ -258,7 +263,7 @@ def test_multi_objective_sweep_writes_its_pareto_front(hydra_sweep_runner: TSwee
     with sweep:
         results = OmegaConf.load(tmp_path / "optimization_results.yaml")
         trials = _study(tmp_path, "pareto").trials
-    assert len(trials) == 6 and all(len(t.values) == 2 for t in trials)
+    assert len(trials) == 6 and all(len(t.values) == 2 for t in trials)  # no objective names: the returned pair
     front = {(s["values"][0], s["values"][1]) for s in results.solutions}
     dominated = [t for t in trials if any(o.values[0] <= t.values[0] and o.values[1] >= t.values[1] and o.values != t.values for o in trials)]
     assert front and not front & {tuple(t.values) for t in dominated}
@@ -295,11 +300,12 @@ def test_hydra_optuna_sweeper_config_runs_unchanged_and_a_nan_trial_is_fail_not_
         "defaults:\n  - override /hydra/sweeper: optuna\n"
         "hydra:\n  mode: MULTIRUN\n  sweeper:\n"
         "    _target_: hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper\n"
-        "    storage: null\n    study_name: null\n    n_jobs: 1\n    direction: minimize\n    n_trials: 2\n    max_failure_rate: 0.5\n"
+        "    storage: null\n    study_name: null\n    n_jobs: 2\n    direction: minimize\n    n_trials: 2\n    max_failure_rate: 0.5\n"
         "    sampler:\n      _target_: optuna.samplers.GridSampler\n      seed: 1234\n"
         "    params:\n      model.init_std: choice(0.02, 1e38)\n"
     )
     sweep_dir = tmp_path / "sweep"
+    # One batch of 2 trials: one failed half is not above max_failure_rate=0.5, so the sweep ends normally.
     result = launch(f"--config-dir={tmp_path}", "+hparams_search=init_optuna", f"hydra.sweep.dir={sweep_dir}")
     assert result.returncode == 0, result.stderr[-3000:]
     trials = {t.params["model.init_std"]: t for t in _study(sweep_dir, "currytrain").trials}
@@ -323,7 +329,7 @@ def test_a_killed_sweeper_resumes_to_exactly_n_trials(tmp_path):
     args = ["-m", "sweep=random", "sweep.n_trials=5", *longer, f"hydra.sweep.dir={sweep_dir}"]
     command = [sys.executable, str(ROOT / "launch.py"), *args[:1], *TINY, *args[1:]]
     sweeper = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    journal, deadline = sweep_dir / "3" / "journal.jsonl", time.monotonic() + 240
+    journal, deadline = sweep_dir / "3" / "journal.jsonl", time.monotonic() + 900  # minutes only on a loaded machine
     while '"type": "metrics"' not in (journal.read_text() if journal.exists() else "") and sweeper.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     sweeper.send_signal(signal.SIGKILL)  # three trials done, the fourth one training
@@ -352,3 +358,68 @@ def test_submitit_local_keeps_n_jobs_trials_in_flight_and_records_pruned_trials(
     for trial in trials:  # a pruned trial stopped at an eval and journaled why
         journal = (sweep_dir / str(trial.number) / "journal.jsonl").read_text()
         assert ('"type": "pruned"' in journal) == (trial.state == TrialState.PRUNED)
+
+
+@pytest.mark.slow
+def test_confirm_top_k_reruns_the_best_configs_at_fresh_seeds_and_names_the_winner(tmp_path):
+    """sweep.confirm_top_k=2: after the grid's 2 trials, each config runs again at 3 seeds no trial used; the
+    report names the winner only because the other config is worse on every shared seed (paired, currytrain.stats).
+    A rerun of the command reuses the finished confirmation runs."""
+    sweep_dir = tmp_path / "grid"
+    args = ("-m", "sweep=grid", "optimizer.lr=choice(3e-3,1e-5)", "sweep.confirm_top_k=2", f"hydra.sweep.dir={sweep_dir}")
+    result = launch(*args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    study = _study(sweep_dir, "grid")
+    assert len(study.trials) == 2, "confirmation runs are not trials of the study"
+    best = next(t for t in study.trials if t.params["optimizer.lr"] == 3e-3)
+    confirmation = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())["confirmation"]
+    assert confirmation["seeds"] == [1, 2, 3] and confirmation["winner_trial"] == best.number
+    for config in confirmation["configs"]:
+        assert sorted(config["values"]) == [1, 2, 3]
+        for seed, value in config["values"].items():
+            run = sweep_dir / "confirm" / f"trial_{config['trial']}" / f"seed_{seed}"
+            resolved = yaml.safe_load((run / "resolved.yaml").read_text())
+            assert resolved["seed"] == seed and resolved["optimizer"]["lr"] == config["params"]["optimizer.lr"]
+            finish = [line for line in (run / "journal.jsonl").read_text().splitlines() if '"finish"' in line]
+            assert len(finish) == 1 and math.isclose(yaml.safe_load(finish[0])["val_loss"], value, rel_tol=1e-6)
+    report = (sweep_dir / "report.md").read_text()
+    assert "## Confirmation: the top 2 configs rerun at 3 fresh seeds" in report
+    assert f"**Winner: trial {best.number}**" in report and "is worse than trial" in report and "3 paired seeds" in report
+    journals = sorted((sweep_dir / "confirm").rglob("journal.jsonl"))
+    before = [path.stat().st_mtime_ns for path in journals]
+    again = launch(*args)  # the study is done and every confirmation run finished: nothing trains again
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [path.stat().st_mtime_ns for path in journals] == before
+    assert f"**Winner: trial {best.number}**" in (sweep_dir / "report.md").read_text()
+
+
+def test_confirmation_names_no_winner_when_the_best_is_not_shown_better():
+    """The decision alone: a best config whose lead over another is inside the seed noise is not named the winner."""
+    from currytrain.sweep.confirm import Candidate, Confirmation
+
+    tied = Confirmation(
+        [1, 2, 3], [Candidate(0, {"x": 1}, 1.00, {1: 1.00, 2: 1.10, 3: 0.95}), Candidate(1, {"x": 2}, 1.01, {1: 1.02, 2: 1.05, 3: 1.01})], maximize=False
+    )
+    tied.decide()
+    assert tied.winner is None and tied.verdicts[0].word == "inconclusive"
+    assert "No winner named" in "\n".join(tied.lines("val/loss"))
+    clear = Confirmation(
+        [1, 2, 3], [Candidate(0, {"x": 1}, 1.0, {1: 1.00, 2: 1.10, 3: 0.95}), Candidate(1, {"x": 2}, 2.0, {1: 2.01, 2: 2.12, 3: 1.95})], maximize=False
+    )
+    clear.decide()
+    assert clear.winner is not None and clear.winner.trial == 0 and clear.verdicts[0].word == "worse"
+    single = Confirmation([1, 2, 3], [Candidate(0, {"x": 1}, 1.0, {1: 1.0}), Candidate(1, {"x": 2}, 2.0, {1: 2.0, 2: 2.1})], maximize=False)
+    single.decide()
+    assert single.winner is None and not single.verdicts, "one shared seed is no test: no winner"
+
+
+def test_confirm_settings_are_checked(compose_cfg):
+    settings, paths, problems = merge_settings(compose_cfg("sweep=tpe", "sweep.confirm_top_k=-1", "sweep.confirm_seeds=1"), {})
+    from currytrain.sweep.checks import sweep_problems
+
+    found = "\n".join(sweep_problems(settings, paths))
+    assert "sweep.confirm_top_k=-1 must be an integer >= 0" in found and "sweep.confirm_seeds=1 must be an integer >= 2" in found
+    settings, paths, _ = merge_settings(
+        compose_cfg("sweep=tpe", "sweep.confirm_top_k=2", "sweep.direction=[minimize,minimize]", "sweep.objective=[val/loss,train/loss]"), {}
+    )
+    assert any("multi-objective study has a Pareto front" in p for p in sweep_problems(settings, paths))

@@ -27,8 +27,8 @@ import torch
 from omegaconf import OmegaConf
 
 from currytrain.errors import ConfigError
-from currytrain.hf.families import FAMILIES, family_for_model
-from currytrain.hf.families.base import IGNORED_SUFFIXES, Family
+from currytrain.hf.families import FAMILIES, closest_family
+from currytrain.hf.families.base import Family
 from currytrain.hf.finetune import write_finetune_experiment
 from currytrain.hf.hub import resolve_source
 from currytrain.weights import MODEL_YAML, RESOLVED, architecture_mismatch, find_checkpoint, model_node_of, safetensors_problem
@@ -56,7 +56,12 @@ def _require(module: str) -> Any:
 
 
 class SafetensorsReader:
-    """The tensors of a HF folder, one file or sharded by model.safetensors.index.json, read on demand."""
+    """The tensors of a HF folder, one file or sharded by model.safetensors.index.json, read on demand.
+
+    A read returns a view into its file's mapping (no copy): callers copy what they keep (Family.to_currytrain
+    does), so no shard outlives its reads. One file is open at a time: reading another closes the previous one,
+    so an import holds at most one shard beside the tensors it has copied (tests/test_hf.py measures it).
+    """
 
     def __init__(self, folder: Path):
         safetensors = _require("safetensors")
@@ -76,7 +81,8 @@ class SafetensorsReader:
             hint = f" (found only {pickled[:3]}; curryTrain never unpickles weights: convert them to safetensors first)" if pickled else ""
             raise ConfigError(f"{folder} has neither {WEIGHTS} nor {INDEX}{hint}")
         self.files = files
-        self._open: dict[Path, Any] = {}
+        self._path: Path | None = None
+        self._handle: Any = None
         self._safe_open = safetensors.safe_open
 
     def keys(self) -> set[str]:
@@ -84,14 +90,19 @@ class SafetensorsReader:
 
     def __call__(self, name: str) -> torch.Tensor:
         path = self.files[name]
-        if path not in self._open:
+        if path != self._path:
+            self.close()  # first: the previous shard's mapping is released before the next one is made
             if not path.is_file():
                 raise ConfigError(f"{path} is listed in {INDEX} but missing: download the checkpoint again")
             _check_safetensors(path)
             with _unreadable(path):
-                self._open[path] = self._safe_open(path, framework="pt")
+                self._handle, self._path = self._safe_open(path, framework="pt"), path
         with _unreadable(path):
-            return self._open[path].get_tensor(name)
+            return self._handle.get_tensor(name)
+
+    def close(self) -> None:
+        """Release the open file (its mapping lives on only in views a caller still holds)."""
+        self._handle = self._path = None
 
 
 def _check_safetensors(path: Path) -> None:
@@ -166,7 +177,8 @@ def import_hf(source: str, out: str | Path | None = None, revision: str | None =
     reader = SafetensorsReader(folder)
     available = reader.keys()
     state, used, missing = family.to_currytrain(reader, available, node)
-    ignored = {n for n in available if n.endswith(IGNORED_SUFFIXES) or (node["tie_embeddings"] and n == "lm_head.weight")}
+    reader.close()
+    ignored = {n for n in available - used if family.ignored(n, node)}
     unexpected = sorted(available - used - ignored)
     if missing or unexpected:
         parts = ([f"missing {missing[:5]}"] if missing else []) + ([f"unexpected {unexpected[:5]}"] if unexpected else [])
@@ -301,10 +313,9 @@ def write_hf(
     transformers = _require("transformers")
     has_config = hf_dir is not None and (hf_dir / "config.json").is_file()
     original = json.loads((hf_dir / "config.json").read_text()) if has_config else {}
-    family = family_for_model(node, prefer=(original.get("architectures") or [None])[0])
-    if isinstance(family, str):
-        raise ConfigError(f"{what}: {family}")
-    problems = family.export_problems(node)
+    family, problems = closest_family(node, prefer=(original.get("architectures") or [None])[0])
+    if family is None:
+        raise ConfigError(f"{what}: {problems[0]}")
     if node.get("mup"):
         problems.append("model.mup=true: its logit multiplier and attention scale have no Hugging Face equivalent (train with model.mup=false to export)")
     dropped = sorted(set(state) - family.exported_names(node))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from currytrain.rules import bounded, divisors, one_of
@@ -89,13 +89,81 @@ class DecoderConfig(ModelConfig):
         return problems
 
 
-ROPE_SCALINGS = ("none", "linear", "llama3", "yarn", "dynamic")
+ROPE_SCALINGS = ("none", "linear", "llama3", "yarn", "dynamic", "longrope")
 """RoPE frequency scalings (model.rope_scaling); build_rope_cache implements each."""
+NORM_POSITIONS = ("pre", "sandwich", "post")
+"""Where a block's RMSNorms sit (model.norm_position); model.blocks implements each."""
+QK_NORM_SCOPES = ("head", "projection")
+"""What model.qk_norm normalises (model.qk_norm_scope)."""
+MLP_ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
+"""The gate activation of the gated MLP (model.mlp_activation): SwiGLU, GeGLU (tanh approximation), GeGLU (erf)."""
+LAYER_TYPES = ("full", "sliding")
+"""Attention span of a layer in model.layer_types."""
 
 
 def head_size(node: Any) -> int:
     """The per-head width: model.head_dim when set, else dim / n_heads."""
     return node.head_dim if node.get("head_dim", 0) else node.dim // max(1, node.n_heads)
+
+
+def rotated_size(node: Any) -> int:
+    """The channels of each query/key head RoPE rotates: model.rope_dim when set, else the whole head."""
+    return node.rope_dim if node.get("rope_dim", 0) else head_size(node)
+
+
+def _longrope_problems(node: Any, path: str) -> list[str]:
+    """rope_scaling=longrope needs a short and a long factor per rotated channel pair (each > 0: declared with them)."""
+    if node.rope_scaling != "longrope":
+        return []
+    pairs, problems = rotated_size(node) // 2, []
+    for key in ("rope_short_factor", "rope_long_factor"):
+        factors = list(node[key])
+        if len(factors) != pairs:
+            problems.append(f"{path}.{key} has {len(factors)} entries, rope_scaling=longrope needs one per rotated channel pair: pass {pairs} numbers")
+    return problems
+
+
+def _block_problems(node: Any, path: str) -> list[str]:
+    """Norm placement, activation, scales and soft-caps, the layer pattern and the rotated width."""
+    problems = one_of(node, path, "norm_position", NORM_POSITIONS) + one_of(node, path, "qk_norm_scope", QK_NORM_SCOPES)
+    problems += one_of(node, path, "mlp_activation", MLP_ACTIVATIONS)
+    if node.mup and node.attn_scale > 0:
+        problems.append(f"{path}.attn_scale={node.attn_scale} and {path}.mup=true both set the attention scale: pass {path}.attn_scale=0 (or {path}.mup=false)")
+    types = list(node.layer_types)
+    unknown = [t for t in types if t not in LAYER_TYPES]
+    if unknown:
+        problems.append(f"{path}.layer_types={types} holds {unknown}: each entry is one of {list(LAYER_TYPES)}, e.g. {path}.layer_types=[sliding,full]")
+    if "sliding" in types and not node.sliding_window > 0:
+        problems.append(f"{path}.layer_types={types} has sliding layers but {path}.sliding_window={node.sliding_window}: pass {path}.sliding_window=<tokens>")
+    sliding = "sliding" in types or (not types and node.sliding_window > 0)
+    if node.rope_local_theta > 0 and not sliding:
+        problems.append(f"{path}.rope_local_theta={node.rope_local_theta} rotates the sliding layers, and there are none: pass {path}.rope_local_theta=0")
+    if node.rope_dim > 0 and node.n_heads >= 1 and (node.rope_dim % 2 or node.rope_dim > head_size(node)):
+        problems.append(f"{path}.rope_dim={node.rope_dim} must be even and at most the head size {head_size(node)}: pass {path}.rope_dim=0 (all channels)")
+    return problems
+
+
+def _latent_problems(node: Any, path: str) -> list[str]:
+    """Multi-head latent attention (kv_lora_rank > 0): a decoupled RoPE part narrower than the head, one kv head per query head."""
+    problems: list[str] = []
+    if not node.kv_lora_rank > 0:
+        return problems
+    rope_dim = node.rope_dim
+    if not 0 < rope_dim < head_size(node):
+        problems.append(
+            f"{path}.kv_lora_rank={node.kv_lora_rank} (latent attention) needs {path}.rope_dim, the decoupled RoPE width, in (0, head size "
+            f"{head_size(node)}): pass e.g. {path}.rope_dim={max(2, head_size(node) // 3 // 2 * 2)}"
+        )
+    if node.n_kv_heads != node.n_heads:
+        problems.append(f"{path}.kv_lora_rank={node.kv_lora_rank} (latent attention) expands keys and values per head: pass {path}.n_kv_heads={node.n_heads}")
+    for key, off in (("qk_norm", False), ("qkv_bias", False), ("attn_softcap", 0.0)):
+        if node[key] != off:
+            problems.append(
+                f"{path}.{key}={node[key]} is not offered with latent attention ({path}.kv_lora_rank={node.kv_lora_rank}): pass {path}.{key}={off}".replace(
+                    "False", "false"
+                )
+            )
+    return problems
 
 
 @dataclass
@@ -128,8 +196,56 @@ class RopeDecoderConfig(DecoderConfig):
     rope_truncate: bool = True
     """With rope_scaling=yarn: round the ramp's ends to whole pairs (transformers' default; gpt-oss sets false)."""
     sliding_window: int = bounded(0, ge=0)
-    """Each token attends to itself and the sliding_window - 1 tokens before it (Mistral v0.1, every layer);
-    0 attends over the whole causal context."""
+    """Each token attends to itself and the sliding_window - 1 tokens before it (Mistral v0.1: every layer;
+    with layer_types: the sliding layers only); 0 attends over the whole causal context."""
+    layer_types: list[str] = field(default_factory=list)
+    """Per-layer attention span, repeated over the layers: layer i is layer_types[i % len] (full or sliding),
+    e.g. [sliding, full] alternates (Gemma 2), five sliding then one full (Gemma 3), or one entry per layer
+    (Qwen2's max_window_layers); entries beyond n_layers are unused (a shallower model keeps its pattern).
+    Empty: every layer is sliding when sliding_window > 0, else full."""
+    rope_local_theta: float = bounded(0.0, ge=0)
+    """RoPE base of the sliding layers (Gemma 3's local layers, unscaled); 0 rotates them like the full layers."""
+    rope_dim: int = bounded(0, ge=0)
+    """Channels of each query/key head that RoPE rotates, the first ones (partial rotary: Phi-3 variants; with
+    kv_lora_rank: the decoupled RoPE part of each head); 0 rotates all head_dim channels. Even."""
+    rope_short_factor: list[float] = bounded(default_factory=list, gt=0)
+    """With rope_scaling=longrope (Phi-3 128k): per channel pair, what the frequency is divided by for inputs up to
+    rope_original_max_seq_len tokens (rope_dim/2 or head_dim/2 entries)."""
+    rope_long_factor: list[float] = bounded(default_factory=list, gt=0)
+    """With rope_scaling=longrope: the same for longer inputs (every position of such an input uses it)."""
+    qkv_bias: bool = False
+    """Give the query/key/value projections a bias (Qwen2); the output projection never has one."""
+    qk_norm: bool = False
+    """RMS-normalise queries and keys before RoPE (Qwen3, Gemma 3, OLMo 2; see qk_norm_scope)."""
+    qk_norm_scope: str = "head"
+    """With qk_norm: head (one gain of size head_dim, each head normalised alone: Qwen3, Gemma 3) or projection
+    (all heads' channels normalised together, with a gain per channel: OLMo 2)."""
+    norm_position: str = "pre"
+    """Where each block's RMSNorms sit: pre (x + f(norm(x)), Llama), sandwich (x + norm(f(norm(x))), Gemma 2/3)
+    or post (x + norm(f(x)), OLMo 2), for f the attention and the MLP alike."""
+    norm_unit_offset: bool = False
+    """Every RMSNorm multiplies by 1 + weight (weights start at 0) instead of weight (Gemma)."""
+    mlp_activation: str = "silu"
+    """Gate activation of the gated MLPs (experts included): silu (SwiGLU), gelu_tanh (GeGLU with the tanh
+    approximation, Gemma) or gelu (GeGLU, exact erf)."""
+    scale_embeddings: bool = False
+    """Multiply the token embeddings by sqrt(dim) (Gemma); the readout of a tied head is not scaled."""
+    attn_scale: float = bounded(0.0, ge=0)
+    """What q.k is multiplied by before the softmax; 0 is 1/sqrt(head_dim) (muP's own scale with mup=true).
+    Gemma: query_pre_attn_scalar**-0.5; DeepSeek with YaRN: includes mscale_all_dim's temperature. >= 0."""
+    attn_softcap: float = bounded(0.0, ge=0)
+    """Soft-capping of the attention scores: cap * tanh(scores / cap) before the mask and softmax (Gemma 2: 50);
+    0 leaves them uncapped (and the fused attention kernels in use). >= 0."""
+    logit_softcap: float = bounded(0.0, ge=0)
+    """Soft-capping of the output logits, cap * tanh(logits / cap) (Gemma 2: 30); 0 leaves them uncapped. >= 0."""
+    kv_lora_rank: int = bounded(0, ge=0)
+    """Multi-head latent attention (DeepSeek-V2/V3, Moonlight) when > 0: keys and values are expanded per head
+    from one RMS-normalised latent of this width per token, plus one shared RoPE key of rope_dim channels;
+    head_dim is each query/key head's width (its non-rotated part is head_dim - rope_dim). 0: GQA attention."""
+    q_lora_rank: int = bounded(0, ge=0)
+    """With kv_lora_rank: queries pass through a normalised low-rank latent of this width; 0 projects them directly."""
+    v_head_dim: int = bounded(0, ge=0)
+    """With kv_lora_rank: width of each value head; 0 is head_dim."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
@@ -151,7 +267,7 @@ class RopeDecoderConfig(DecoderConfig):
                     f"{path}.rope_high_freq_factor={node.rope_high_freq_factor} must exceed {path}.rope_low_freq_factor="
                     f"{node.rope_low_freq_factor} > 0: pass {path}.rope_low_freq_factor=1.0 {path}.rope_high_freq_factor=4.0"
                 )
-        return problems
+        return problems + _longrope_problems(node, path) + _block_problems(node, path) + _latent_problems(node, path)
 
 
 @dataclass
@@ -159,10 +275,6 @@ class GQAConfig(RopeDecoderConfig):
     """Llama-style decoder: grouped-query attention, RoPE, RMSNorm, SwiGLU MLP."""
 
     _target_: str = "currytrain.model.gqa.GQATransformer"
-    qkv_bias: bool = False
-    """Give the query/key/value projections a bias (Qwen2); the output projection never has one."""
-    qk_norm: bool = False
-    """RMS-normalise each query and key head (learned gain of size head_dim) before RoPE (Qwen3)."""
 
 
 @dataclass
@@ -196,6 +308,21 @@ class MoEConfig(RopeDecoderConfig):
     """Weight of the router z-loss (ST-MoE: mean squared logsumexp of the router logits), per layer, summed."""
     shared_expert: bool = False
     """Add a dense SwiGLU of width mlp_hidden that every token passes through, next to the routed experts."""
+    dense_layers: list[int] = bounded(default_factory=list, ge=0)
+    """Layers whose MLP is one dense gated MLP of width dense_hidden instead of experts (DeepSeek-V3's first
+    layers, Qwen3-MoE's mlp_only_layers), by index from 0; indices at or beyond n_layers are an error."""
+    dense_hidden: int = bounded(0, ge=0)
+    """Hidden width of the dense layers' MLP; 0 is mlp_hidden."""
+    router_bias: bool = False
+    """Keep a per-expert bias (a buffer, not trained by gradient) added to the router scores when choosing the
+    top_k experts, not when weighting them (DeepSeek-V3's auxiliary-loss-free balancing; loaded with the weights)."""
+    router_groups: int = bounded(1, ge=1)
+    """Experts form this many equal groups; each token first keeps the router_group_top_k groups whose two best
+    scores sum highest, then picks its top_k experts among them (DeepSeek-V3: 8 groups, 4 kept). 1: no groups."""
+    router_group_top_k: int = bounded(1, ge=1)
+    """With router_groups > 1: the groups each token keeps; 1 <= this <= router_groups."""
+    routed_scale: float = bounded(1.0, gt=0)
+    """What the routed experts' combine weights are multiplied by, after renormalize (DeepSeek-V3: 2.5). > 0."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
@@ -203,7 +330,33 @@ class MoEConfig(RopeDecoderConfig):
         problems = []
         if node.num_experts >= 1 and not 1 <= node.top_k <= node.num_experts:
             problems.append(f"{path}.top_k={node.top_k} must be in [1, {path}.num_experts={node.num_experts}]: pass {path}.top_k={min(2, node.num_experts)}")
-        return problems + one_of(node, path, "gating", MOE_GATINGS)
+        problems += one_of(node, path, "gating", MOE_GATINGS)
+        return problems + _routing_problems(node, path)
+
+
+def _routing_problems(node: Any, path: str) -> list[str]:
+    """Dense layers within the model, group-limited routing that divides the experts (the fields' ranges are declared with them)."""
+    problems = []
+    outside = [i for i in node.dense_layers if i >= node.n_layers]
+    if outside:
+        problems.append(f"{path}.dense_layers={list(node.dense_layers)} names layers outside 0..{node.n_layers - 1} ({outside}): remove them")
+    groups = node.router_groups
+    if groups >= 1 and node.num_experts >= 1 and node.num_experts % groups:
+        problems.append(
+            f"{path}.router_groups={groups} does not divide {path}.num_experts={node.num_experts}: choose {path}.router_groups in {divisors(node.num_experts)}"
+        )
+    if groups > 1 and node.router_group_top_k > groups:
+        problems.append(
+            f"{path}.router_group_top_k={node.router_group_top_k} must be at most {path}.router_groups={groups}: pass {path}.router_group_top_k={groups}"
+        )
+    elif groups > 1 and node.num_experts % groups == 0 and node.router_group_top_k * (node.num_experts // groups) < node.top_k:
+        problems.append(
+            f"{path}.router_group_top_k={node.router_group_top_k} groups of {node.num_experts // groups} experts hold fewer than {path}.top_k={node.top_k}: "
+            f"raise {path}.router_group_top_k"
+        )
+    if groups > 1 and node.num_experts // max(groups, 1) < 2:
+        problems.append(f"{path}.router_groups={groups} leaves groups of one expert; a group's score sums its two best: pass {path}.router_groups=1")
+    return problems
 
 
 MOE_GATINGS = ("softmax", "sigmoid")

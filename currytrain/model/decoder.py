@@ -6,18 +6,32 @@ writes); and muP (hidden-matrix init and learning rates, the readout's 1/width).
 Decoder, passes a function that builds one of its blocks, and adds only what is particular to it.
 
 Each block implements residual_projections(): the linear layers that write into the residual stream.
+RopeDecoder adds the attention blocks of the RoPE families (gqa, moe): the RopeDecoderConfig fields, each
+chosen once when the model is built.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from currytrain.model.layers import RMSNorm, RopeScaling, build_rope_cache
+from currytrain.model.layers import (
+    BLOCKS,
+    Attention,
+    LatentAttention,
+    ProjectionNormAttention,
+    RMSNorm,
+    RopeScaling,
+    ScaledEmbedding,
+    SoftcappedLinear,
+    build_rope_cache,
+    norm_class,
+)
 from currytrain.model.protocol import HiddenMatrices
 
 
@@ -55,6 +69,10 @@ class Decoder(nn.Module):
     rope_head_dim: with a head size, builds the RoPE tables rope_cos/rope_sin and forward runs each block
     as block(h, rope_cos, rope_sin). A family without RoPE leaves it None and overrides forward.
     rope_scaling: how the RoPE frequencies are rescaled (None: unscaled).
+    rope_local_theta, layer_rope: with a theta > 0, a second, unscaled table of that base (rope_cos_local) for
+    the layers whose layer_rope entry is 1 (Gemma 3's sliding layers); the others use the first.
+    norm: the RMSNorm class of the final norm (norm_class). embed_scale: > 0 multiplies the token embeddings
+    (Gemma: sqrt(dim)). logit_softcap: > 0 soft-caps the logits, cap * tanh(logits / cap).
     """
 
     def __init__(
@@ -73,6 +91,11 @@ class Decoder(nn.Module):
         rope_head_dim: int | None = None,
         rope_theta: float = 10000.0,
         rope_scaling: RopeScaling | None = None,
+        rope_local_theta: float = 0.0,
+        layer_rope: Sequence[int] = (),
+        norm: type[RMSNorm] = RMSNorm,
+        embed_scale: float = 0.0,
+        logit_softcap: float = 0.0,
     ):
         super().__init__()
         self.vocab_size = vocab_size
@@ -80,23 +103,34 @@ class Decoder(nn.Module):
         self.init_std = init_std
         self.mup = mup
         self.width_multiplier = mup_width_multiplier(dim, mup, mup_base_width)
-        self.tok_embeddings = nn.Embedding(vocab_size, dim)
+        self.tok_embeddings = ScaledEmbedding(vocab_size, dim, embed_scale) if embed_scale > 0 else nn.Embedding(vocab_size, dim)
         self.layers = nn.ModuleList(build_block() for _ in range(n_layers))
-        self.norm = RMSNorm(dim, norm_eps)
-        self.output = nn.Linear(dim, vocab_size, bias=False)
+        self.norm = norm(dim, norm_eps)
+        self.output = SoftcappedLinear(dim, vocab_size, logit_softcap) if logit_softcap > 0 else nn.Linear(dim, vocab_size, bias=False)
         if tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        # Dynamic scaling rebuilds the tables in forward for inputs longer than the original context.
-        self.rope_dynamic = (rope_head_dim, rope_theta, rope_scaling) if rope_scaling is not None and rope_scaling.kind == "dynamic" else None
+        self.layer_rope = tuple(layer_rope) or (0,) * n_layers
+        """Which RoPE table of rope_tables() each layer rotates with (1: the local one)."""
+        # Beyond the original context, dynamic scaling rebuilds the tables in forward; LongRoPE switches to its long ones.
+        beyond = rope_scaling is not None and rope_scaling.kind in ("dynamic", "longrope")
+        self.rope_dynamic = (rope_head_dim, rope_theta, rope_scaling) if beyond else None
+        self.rope_local = rope_local_theta > 0
         if rope_head_dim is not None:
-            # Computed on the CPU, then placed. On the meta device (a model built for its shapes) torch would run the
-            # float arange through its Python reference kernels, whose first call imports torch._dynamo (0.7 s).
-            cos, sin = build_rope_cache(max_seq_len, rope_head_dim, rope_theta, device="cpu", scaling=rope_scaling)
-            device = torch.get_default_device()
-            # Non-persistent: derived from the config, so checkpoints and HF exports carry only weights.
-            self.register_buffer("rope_cos", cos.to(device), persistent=False)
-            self.register_buffer("rope_sin", sin.to(device), persistent=False)
+            self._register_rope("", build_rope_cache(max_seq_len, rope_head_dim, rope_theta, device="cpu", scaling=rope_scaling))
+            if beyond and rope_scaling.kind == "longrope":
+                self._register_rope("_long", build_rope_cache(max_seq_len, rope_head_dim, rope_theta, device="cpu", scaling=rope_scaling.long()))
+            if self.rope_local:
+                self._register_rope("_local", build_rope_cache(max_seq_len, rope_head_dim, rope_local_theta, device="cpu"))
         self.reset_parameters()
+
+    def _register_rope(self, suffix: str, tables: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """rope_cos<suffix> and rope_sin<suffix>: tables computed on the CPU, then placed. On the meta device (a model
+        built for its shapes) torch would run the float arange through its Python reference kernels, whose first call
+        imports torch._dynamo (0.7 s). Non-persistent: derived from the config, so checkpoints and HF exports carry
+        only weights."""
+        device = torch.get_default_device()
+        self.register_buffer("rope_cos" + suffix, tables[0].to(device), persistent=False)
+        self.register_buffer("rope_sin" + suffix, tables[1].to(device), persistent=False)
 
     def _hidden_matrices(self) -> list[nn.Parameter]:
         """muP's hidden matrices: the weight of every linear layer inside the blocks (attention and MLP
@@ -145,17 +179,139 @@ class Decoder(nn.Module):
         # muP readout: the output weights' Adam updates move logits by ~width, so logits carry 1/width_multiplier.
         return logits / self.width_multiplier if self.mup else logits
 
-    def rope_tables(self, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The cos/sin tables for an input of seq_len tokens: the cached ones, or with dynamic scaling beyond
-        the original context, tables whose base follows seq_len (every position of the input uses it)."""
-        if self.rope_dynamic is None or seq_len <= self.rope_dynamic[2].original_max_seq_len:
-            return self.rope_cos, self.rope_sin
-        head_dim, theta, scaling = self.rope_dynamic
-        return build_rope_cache(seq_len, head_dim, scaling.dynamic_theta(theta, seq_len, head_dim), device=self.rope_cos.device)
+    def rope_tables(self, seq_len: int) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """The (cos, sin) tables for an input of seq_len tokens, indexed by layer_rope: the cached ones (then the
+        local ones, with rope_local_theta). Beyond the original context, dynamic scaling uses tables whose base
+        follows seq_len and LongRoPE its long factors (every position of the input uses them)."""
+        tables = (self.rope_cos, self.rope_sin)
+        if self.rope_dynamic is not None and seq_len > self.rope_dynamic[2].original_max_seq_len:
+            head_dim, theta, scaling = self.rope_dynamic
+            if scaling.kind == "longrope":
+                tables = (self.rope_cos_long, self.rope_sin_long)
+            else:
+                tables = build_rope_cache(seq_len, head_dim, scaling.dynamic_theta(theta, seq_len, head_dim), device=self.rope_cos.device)
+        return (tables, (self.rope_cos_local, self.rope_sin_local)) if self.rope_local else (tables,)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens)
-        cos, sin = self.rope_tables(tokens.shape[1])
-        for layer in self.layers:
-            h = layer(h, cos, sin)
+        tables = self.rope_tables(tokens.shape[1])
+        for layer, table in zip(self.layers, self.layer_rope):
+            h = layer(h, *tables[table])
         return self.readout(h)
+
+
+def layer_kinds(n_layers: int, layer_types: Sequence[str], sliding_window: int) -> list[str]:
+    """full or sliding for each layer: layer_types repeated over the layers, or every layer sliding when the
+    window is set without a pattern (Mistral)."""
+    if layer_types:
+        return [layer_types[i % len(layer_types)] for i in range(n_layers)]
+    return ["sliding" if sliding_window else "full"] * n_layers
+
+
+class RopeDecoder(Decoder):
+    """The decoder of the RoPE families (gqa, moe): blocks of attention and a feed-forward module, with the
+    attention, norm and RoPE fields of RopeDecoderConfig (docs/model.md), each chosen here, once.
+
+    The leading arguments are the DecoderConfig fields; the keyword ones after build_mlp the RopeDecoderConfig
+    fields of the same names. build_mlp(i) -> (name, module): the feed-forward module of layer i and the name
+    its weights live under (mlp, moe).
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        dim: int,
+        n_layers: int,
+        n_heads: int,
+        n_kv_heads: int,
+        max_seq_len: int,
+        *,
+        build_mlp: Callable[[int], tuple[str, nn.Module]],
+        rope_theta: float = 10000.0,
+        norm_eps: float = 1e-5,
+        tie_embeddings: bool = False,
+        init_std: float = 0.02,
+        mup: bool = False,
+        mup_base_width: int = 128,
+        head_dim: int = 0,
+        rope_scaling: str = "none",
+        rope_factor: float = 1.0,
+        rope_low_freq_factor: float = 1.0,
+        rope_high_freq_factor: float = 4.0,
+        rope_original_max_seq_len: int = 8192,
+        rope_beta_fast: float = 32.0,
+        rope_beta_slow: float = 1.0,
+        rope_attention_factor: float = 0.0,
+        rope_truncate: bool = True,
+        rope_short_factor: Sequence[float] = (),
+        rope_long_factor: Sequence[float] = (),
+        rope_local_theta: float = 0.0,
+        rope_dim: int = 0,
+        sliding_window: int = 0,
+        layer_types: Sequence[str] = (),
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        qk_norm_scope: str = "head",
+        norm_position: str = "pre",
+        norm_unit_offset: bool = False,
+        scale_embeddings: bool = False,
+        attn_scale: float = 0.0,
+        attn_softcap: float = 0.0,
+        logit_softcap: float = 0.0,
+        kv_lora_rank: int = 0,
+        q_lora_rank: int = 0,
+        v_head_dim: int = 0,
+    ):
+        head_dim = head_dim or dim // n_heads
+        scaling = rope_scaling_of(
+            rope_scaling,
+            rope_factor,
+            rope_low_freq_factor,
+            rope_high_freq_factor,
+            rope_original_max_seq_len,
+            beta_fast=rope_beta_fast,
+            beta_slow=rope_beta_slow,
+            attention_factor=rope_attention_factor,
+            truncate=rope_truncate,
+            short_factor=tuple(rope_short_factor),
+            long_factor=tuple(rope_long_factor),
+        )
+        softmax_scale = attn_scale if attn_scale > 0 else mup_attention_scale(head_dim, dim, mup, mup_base_width)
+        norm = norm_class(norm_unit_offset)
+        kinds = layer_kinds(n_layers, layer_types, sliding_window)
+        layer_index = itertools.count()
+
+        def build_attention(window: int | None) -> nn.Module:
+            if kv_lora_rank > 0:
+                return LatentAttention(dim, n_heads, head_dim, rope_dim, kv_lora_rank, q_lora_rank, v_head_dim, norm_eps, softmax_scale, window, norm=norm)
+            attention = ProjectionNormAttention if qk_norm and qk_norm_scope == "projection" else Attention
+            return attention(
+                dim, n_heads, n_kv_heads, qkv_bias, qk_norm, norm_eps, softmax_scale, head_dim, window, rope_dim=rope_dim, softcap=attn_softcap, norm=norm
+            )
+
+        def build_block() -> nn.Module:
+            i = next(layer_index)
+            attention = build_attention(sliding_window if kinds[i] == "sliding" else None)
+            mlp_name, mlp = build_mlp(i)
+            return BLOCKS[norm_position](attention, mlp, lambda: norm(dim, norm_eps), mlp_name)
+
+        super().__init__(
+            vocab_size,
+            dim,
+            n_layers,
+            max_seq_len,
+            norm_eps,
+            tie_embeddings,
+            init_std,
+            mup,
+            mup_base_width,
+            build_block=build_block,
+            rope_head_dim=rope_dim or head_dim,
+            rope_theta=rope_theta,
+            rope_scaling=scaling,
+            rope_local_theta=rope_local_theta,
+            layer_rope=[int(kind == "sliding" and rope_local_theta > 0) for kind in kinds],
+            norm=norm,
+            embed_scale=math.sqrt(dim) if scale_embeddings else 0.0,
+            logit_softcap=logit_softcap,
+        )

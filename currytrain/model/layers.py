@@ -1,7 +1,14 @@
-"""Building blocks shared by the decoder families: RMSNorm, rotary embedding, GQA attention, SwiGLU."""
+"""Building blocks shared by the decoder families: RMSNorm, rotary embedding, attention (grouped-query and
+multi-head latent), the gated MLP, and the residual blocks that arrange them (pre-, sandwich- or post-norm).
+
+Variants are chosen when a module is built (a subclass, a function stored on the module), so a model that
+uses none of them runs exactly the code it ran before they existed.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +36,45 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
 
+class OffsetRMSNorm(RMSNorm):
+    """RMSNorm whose gain is 1 + weight, computed in fp32 (Gemma): a weight of 0 is the identity gain."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * (1.0 + self.weight.float())).type_as(x)
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.weight)
+
+
+def norm_class(unit_offset: bool) -> type[RMSNorm]:
+    """The RMSNorm of model.norm_unit_offset: gain 1 + weight (Gemma) or weight."""
+    return OffsetRMSNorm if unit_offset else RMSNorm
+
+
+class ScaledEmbedding(nn.Embedding):
+    """Token embedding multiplied by a constant (Gemma: sqrt(dim), rounded to fp32 as its checkpoints expect)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, scale: float):
+        super().__init__(num_embeddings, embedding_dim)
+        self.scale = torch.tensor(scale, dtype=torch.float32, device="cpu").item()
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return super().forward(tokens) * self.scale
+
+
+class SoftcappedLinear(nn.Linear):
+    """A linear readout whose outputs are soft-capped: cap * tanh(y / cap) (Gemma 2's final logits)."""
+
+    def __init__(self, in_features: int, out_features: int, cap: float, bias: bool = False):
+        super().__init__(in_features, out_features, bias=bias)
+        self.cap = cap
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(super().forward(x) / self.cap) * self.cap
+
+
 @dataclass(frozen=True)
 class RopeScaling:
     """How the RoPE frequencies are rescaled for a longer context (the rope_* fields of RopeDecoderConfig)."""
@@ -42,6 +88,8 @@ class RopeScaling:
     beta_slow: float = 1.0
     attention_factor: float = 0.0
     truncate: bool = True
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
 
     def apply(self, inv_freq: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
         """The scaled inverse frequencies (radians per token) of each channel pair (theta: the RoPE base)."""
@@ -53,6 +101,8 @@ class RopeScaling:
             return self._yarn(inv_freq, theta)
         if self.kind == "dynamic":  # unscaled up to original_max_seq_len; longer inputs rescale theta (dynamic_theta)
             return inv_freq
+        if self.kind == "longrope":  # LongRoPE (Phi-3): a searched factor per pair; short ones up to the original context
+            return inv_freq / torch.tensor(self.short_factor, dtype=inv_freq.dtype, device=inv_freq.device)
         assert self.kind == "llama3", self.kind
         # Llama 3.1: wavelengths longer than the pretraining context / low_freq_factor are stretched by factor,
         # those shorter than context / high_freq_factor kept, and a linear ramp in context/wavelength between.
@@ -86,15 +136,24 @@ class RopeScaling:
         growth = self.factor * seq_len / self.original_max_seq_len - (self.factor - 1)
         return theta * growth ** (head_dim / (head_dim - 2))
 
+    def long(self) -> RopeScaling:
+        """LongRoPE's scaling for inputs longer than original_max_seq_len: the long factors in place of the short."""
+        return dataclasses.replace(self, short_factor=self.long_factor)
+
     @property
     def magnitude(self) -> float:
         """What cos and sin are multiplied by: YaRN's attention temperature (attention_factor, or
-        0.1 ln(factor) + 1 when it is 0); 1 for the other kinds."""
-        if self.kind != "yarn":
+        0.1 ln(factor) + 1 when it is 0), LongRoPE's (attention_factor, or sqrt(1 + ln(factor) / ln(original
+        context))); 1 for the other kinds."""
+        if self.kind not in ("yarn", "longrope"):
             return 1.0
         if self.attention_factor > 0:
             return self.attention_factor
-        return 0.1 * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
+        if self.factor <= 1:
+            return 1.0
+        if self.kind == "longrope":
+            return math.sqrt(1 + math.log(self.factor) / math.log(self.original_max_seq_len))
+        return 0.1 * math.log(self.factor) + 1.0
 
 
 def build_rope_cache(seq_len: int, head_dim: int, theta: float, device=None, scaling: RopeScaling | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,15 +183,42 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return rotated.type_as(x)
 
 
+def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first 2 * cos.shape[-1] channels of each head (rotate-half among them); keep the others as they are."""
+    rotated = 2 * cos.shape[-1]
+    return torch.cat((apply_rope(x[..., :rotated], cos, sin), x[..., rotated:]), dim=-1)
+
+
+def window_mask(seq_len: int, window: int | None, device: torch.device) -> torch.Tensor:
+    """(seq, seq) True where query i may attend key j: causal, and 0 <= i - j < window when a window is given."""
+    offset = torch.arange(seq_len, device=device)[:, None] - torch.arange(seq_len, device=device)[None, :]
+    return (offset >= 0) & (offset < window) if window else offset >= 0
+
+
+def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, *, softcap: float, window: int | None) -> torch.Tensor:
+    """Causal attention whose scores are soft-capped, cap * tanh(scores / cap), before the mask and the softmax
+    (Gemma 2). Written out, since the fused kernels cannot cap; q, k, v have the same number of heads."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~window_mask(q.shape[-2], window, q.device), float("-inf"))
+    return torch.matmul(scores.softmax(dim=-1, dtype=torch.float32).to(v.dtype), v)
+
+
 class Attention(nn.Module):
     """Causal grouped-query attention: n_kv_heads key/value heads shared by groups of query heads.
 
-    Two optional variants (both off by default, adding no parameters): qkv_bias gives the q/k/v
-    projections a bias (Qwen2), qk_norm RMS-normalises each query and key head before RoPE (Qwen3).
-    softmax_scale multiplies q.k before the softmax; None is the usual 1/sqrt(head_dim) (muP passes its own).
-    head_dim: the width of each head, None for dim // n_heads. sliding_window: each query sees itself and
-    the sliding_window - 1 keys before it; None sees the whole causal context.
+    Optional variants (all off by default, adding no parameters): qkv_bias gives the q/k/v projections a
+    bias (Qwen2), qk_norm RMS-normalises each query and key head before RoPE (Qwen3, Gemma 3; a whole
+    projection at once: ProjectionNormAttention). softmax_scale multiplies q.k before the softmax; None is
+    the usual 1/sqrt(head_dim). head_dim: the width of each head, None for dim // n_heads. sliding_window:
+    each query sees itself and the sliding_window - 1 keys before it; None sees the whole causal context.
+    rope_dim: RoPE rotates only the first rope_dim channels of each head (0: all). softcap: scores are
+    soft-capped (Gemma 2), through a written-out attention set as `core`. norm: the RMSNorm class of qk_norm.
     """
+
+    per_head_norm = True
+    """qk_norm normalises each head alone (a gain of head_dim); ProjectionNormAttention normalises all of them."""
 
     def __init__(
         self,
@@ -145,6 +231,10 @@ class Attention(nn.Module):
         softmax_scale: float | None = None,
         head_dim: int | None = None,
         sliding_window: int | None = None,
+        *,
+        rope_dim: int = 0,
+        softcap: float = 0.0,
+        norm: type[RMSNorm] = RMSNorm,
     ):
         super().__init__()
         assert (head_dim or dim % n_heads == 0) and n_heads % n_kv_heads == 0
@@ -157,12 +247,18 @@ class Attention(nn.Module):
         self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=qkv_bias)
         self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=qkv_bias)
         self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
-        self.q_norm = RMSNorm(self.head_dim, norm_eps) if qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, norm_eps) if qk_norm else None
-        self.core: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float | None], torch.Tensor] | None = None
-        """Causal attention of (q, k, v, scale) in place of SDPA; set from outside (context parallelism's ring)."""
+        q_width, k_width = (self.head_dim, self.head_dim) if self.per_head_norm else (n_heads * self.head_dim, n_kv_heads * self.head_dim)
+        self.q_norm = norm(q_width, norm_eps) if qk_norm else None
+        self.k_norm = norm(k_width, norm_eps) if qk_norm else None
+        self.rotate = rope_function(rope_dim, self.head_dim)
+        self.core: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float | None], torch.Tensor] | None = (
+            functools.partial(softcapped_attention, softcap=softcap, window=sliding_window) if softcap else None
+        )
+        """Causal attention of (q, k, v, scale) in place of SDPA, on k/v expanded to every head: the soft-capped
+        attention, or set from outside (context parallelism's ring)."""
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of x (batch, seq, dim), heads first: (batch, heads, seq, head width), q and k normalised."""
         batch, seq_len, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds n_heads / tp of them (and as many kv heads per group).
         q = self.wq(x).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
@@ -170,7 +266,12 @@ class Attention(nn.Module):
         v = self.wv(x).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        batch, seq_len, _ = x.shape
+        q, k, v = self.project(x)
+        q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
         # Grouped kv heads: SDPA's enable_gqa where its kernel for this input takes them (CPU; flash attention on
         # a GPU, which needs 16-bit inputs), else k/v expanded to every head: on a GPU in fp32 the efficient and
         # cuDNN kernels refuse enable_gqa and SDPA would fall back to the slow math one. The ring attention of
@@ -184,26 +285,170 @@ class Attention(nn.Module):
         if self.core is not None:
             out = self.core(q, k, v, self.softmax_scale)
         elif self.sliding_window and seq_len > self.sliding_window:
-            mask = self._window_mask(seq_len, x.device)
+            mask = window_mask(seq_len, self.sliding_window, x.device)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.softmax_scale, enable_gqa=gqa)
         else:  # the window covers the sequence: plain causal attention keeps the fused kernels
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=gqa)
         return self.wo(out.transpose(1, 2).reshape(batch, seq_len, -1))
 
-    def _window_mask(self, seq_len: int, device: torch.device) -> torch.Tensor:
-        """(seq, seq) True where query i may attend key j: 0 <= i - j < sliding_window."""
-        offset = torch.arange(seq_len, device=device)[:, None] - torch.arange(seq_len, device=device)[None, :]
-        return (offset >= 0) & (offset < self.sliding_window)
+
+def rope_function(rope_dim: int, head_dim: int) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """apply_rope when RoPE turns the whole head, apply_partial_rope when only its first rope_dim channels."""
+    return apply_partial_rope if 0 < rope_dim < head_dim else apply_rope
+
+
+class ProjectionNormAttention(Attention):
+    """Attention whose qk_norm normalises the whole query and key projections (all heads together, a gain per
+    channel) before they are split into heads (OLMo 2)."""
+
+    per_head_norm = False
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        batch, seq_len, _ = x.shape
+        q = self.q_norm(self.wq(x)).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
+        k = self.k_norm(self.wk(x)).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(batch, seq_len, -1, self.head_dim).transpose(1, 2)
+        return q, k, v
+
+
+class LatentAttention(Attention):
+    """Multi-head latent attention (DeepSeek-V2/V3): each token's keys and values are expanded per head from one
+    RMS-normalised latent of kv_lora_rank channels, and one RoPE key of rope_dim channels is shared by every head.
+    Queries come straight from x, or through a normalised latent of q_lora_rank channels when that is > 0.
+
+    Each query/key head is head_dim wide: rope_dim rotated channels first, then head_dim - rope_dim unrotated
+    ones; the projections keep transformers' order (unrotated first) and project() puts the rotated part first.
+    Value heads are v_head_dim wide (0: head_dim).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        head_dim: int,
+        rope_dim: int,
+        kv_lora_rank: int,
+        q_lora_rank: int = 0,
+        v_head_dim: int = 0,
+        norm_eps: float = 1e-5,
+        softmax_scale: float | None = None,
+        sliding_window: int | None = None,
+        norm: type[RMSNorm] = RMSNorm,
+    ):
+        nn.Module.__init__(self)
+        assert 0 < rope_dim < head_dim and kv_lora_rank > 0
+        self.n_heads = self.n_kv_heads = n_heads
+        self.head_dim = head_dim
+        self.rope_dim = rope_dim
+        self.v_head_dim = v_head_dim or head_dim
+        self.kv_lora_rank = kv_lora_rank
+        self.q_lora_rank = q_lora_rank
+        self.softmax_scale = softmax_scale
+        self.sliding_window = sliding_window
+        if q_lora_rank:
+            self.wq_a = nn.Linear(dim, q_lora_rank, bias=False)
+            self.q_a_norm = norm(q_lora_rank, norm_eps)
+            self.wq_b = nn.Linear(q_lora_rank, n_heads * head_dim, bias=False)
+        else:
+            self.wq = nn.Linear(dim, n_heads * head_dim, bias=False)
+        self.wkv_a = nn.Linear(dim, kv_lora_rank + rope_dim, bias=False)
+        self.kv_a_norm = norm(kv_lora_rank, norm_eps)
+        self.wkv_b = nn.Linear(kv_lora_rank, n_heads * (head_dim - rope_dim + self.v_head_dim), bias=False)
+        self.wo = nn.Linear(n_heads * self.v_head_dim, dim, bias=False)
+        self.rotate = apply_partial_rope
+        self.core = None
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        batch, seq_len, _ = x.shape
+        plain = self.head_dim - self.rope_dim
+        queries = self.wq_b(self.q_a_norm(self.wq_a(x))) if self.q_lora_rank else self.wq(x)
+        q_plain, q_rope = queries.view(batch, seq_len, -1, self.head_dim).transpose(1, 2).split([plain, self.rope_dim], dim=-1)
+        latent, k_rope = self.wkv_a(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
+        kv = self.wkv_b(self.kv_a_norm(latent)).view(batch, seq_len, -1, plain + self.v_head_dim).transpose(1, 2)
+        k_plain, v = kv.split([plain, self.v_head_dim], dim=-1)
+        k_rope = k_rope.view(batch, 1, seq_len, self.rope_dim).expand(-1, k_plain.shape[1], -1, -1)
+        return torch.cat((q_rope, q_plain), dim=-1), torch.cat((k_rope, k_plain), dim=-1), v
+
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "gelu_tanh": functools.partial(F.gelu, approximate="tanh"),
+    "gelu": F.gelu,
+}
+"""The gate activations of model.mlp_activation."""
 
 
 class SwiGLU(nn.Module):
-    """Gated MLP: w2(silu(w1 x) * w3 x)."""
+    """Gated MLP: w2(act(w1 x) * w3 x), act silu (SwiGLU) by default, or a GELU (GeGLU: model.mlp_activation)."""
 
-    def __init__(self, dim: int, hidden_dim: int):
+    def __init__(self, dim: int, hidden_dim: int, activation: str = "silu"):
         super().__init__()
         self.w1 = nn.Linear(dim, hidden_dim, bias=False)
         self.w3 = nn.Linear(dim, hidden_dim, bias=False)
         self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.act = ACTIVATIONS[activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(self.act(self.w1(x)) * self.w3(x))
+
+    def residual_projections(self) -> tuple[nn.Linear, ...]:
+        """The linear that writes into the residual stream."""
+        return (self.w2,)
+
+
+class Block(nn.Module):
+    """Pre-norm residual block (Llama): x + attention(attention_norm(x)), then x + mlp(mlp_norm(x)).
+
+    attention: the block's attention, called as attention(h, cos, sin); mlp: its feed-forward module (a SwiGLU,
+    an MoE), registered as `mlp_name` so that checkpoints keep each family's names; norm(): a new RMSNorm of the
+    residual width. SandwichBlock and PostNormBlock place the norms elsewhere (model.norm_position).
+    """
+
+    pre_norm, post_norm = True, False
+
+    def __init__(self, attention: nn.Module, mlp: nn.Module, norm: Callable[[], nn.Module], mlp_name: str = "mlp"):
+        super().__init__()
+        # Registration order is init order (Decoder.reset_parameters walks the modules): keep it the residual order.
+        if self.pre_norm:
+            self.attention_norm = norm()
+        self.attention = attention
+        if self.post_norm:
+            self.post_attention_norm = norm()
+        if self.pre_norm:
+            self.mlp_norm = norm()
+        self.add_module(mlp_name, mlp)
+        if self.post_norm:
+            self.post_mlp_norm = norm()
+        self.mlp_name = mlp_name
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        return x + self._modules[self.mlp_name](self.mlp_norm(x))
+
+    def residual_projections(self) -> tuple[nn.Linear, ...]:
+        """The linears that write into the residual stream (scaled down with depth at init)."""
+        return (self.attention.wo, *self._modules[self.mlp_name].residual_projections())
+
+
+class SandwichBlock(Block):
+    """Norms before and after each sublayer (Gemma 2/3): x + post_norm(f(norm(x))) for attention, then the MLP."""
+
+    pre_norm, post_norm = True, True
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.post_attention_norm(self.attention(self.attention_norm(x), cos, sin))
+        return x + self.post_mlp_norm(self._modules[self.mlp_name](self.mlp_norm(x)))
+
+
+class PostNormBlock(Block):
+    """Norms after each sublayer, on its output only (OLMo 2): x + post_norm(f(x)) for attention, then the MLP."""
+
+    pre_norm, post_norm = False, True
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.post_attention_norm(self.attention(x, cos, sin))
+        return x + self.post_mlp_norm(self._modules[self.mlp_name](x))
+
+
+BLOCKS: dict[str, type[Block]] = {"pre": Block, "sandwich": SandwichBlock, "post": PostNormBlock}
+"""The block class of each model.norm_position."""

@@ -14,16 +14,17 @@ One MoE layer, for the T tokens of a forward pass:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from currytrain.model.config import MOE_GATINGS
-from currytrain.model.decoder import Decoder, mup_attention_scale, rope_scaling_of
-from currytrain.model.layers import Attention, RMSNorm, SwiGLU
+from currytrain.model.decoder import RopeDecoder
+from currytrain.model.layers import ACTIVATIONS, SwiGLU
 
 
 @dataclass
@@ -96,6 +97,56 @@ class TopKRouter(nn.Module):
         return Routing(weights=weights, indices=indices, probs=probs, logits=logits)
 
 
+class CorrectedTopKRouter(TopKRouter):
+    """A TopKRouter that chooses experts by other scores than it weights them with (DeepSeek-V3):
+
+    - bias: a per-expert `expert_bias` (a buffer, loaded with the weights, not trained by gradient) is added to
+      the scores that choose the top_k, not to those that weight them (auxiliary-loss-free balancing);
+    - groups > 1: the experts form equal groups; each token keeps the group_top_k groups whose two best choice
+      scores sum highest and chooses among their experts only;
+    - scale: the combine weights are multiplied by it after renormalising (routed_scaling_factor).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_experts: int,
+        top_k: int,
+        gating: str = "softmax",
+        renormalize: bool = True,
+        *,
+        bias: bool,
+        groups: int,
+        group_top_k: int,
+        scale: float,
+    ):
+        super().__init__(dim, num_experts, top_k, gating, renormalize)
+        if num_experts % groups or (groups > 1 and not 1 <= group_top_k <= groups):
+            raise ValueError(f"router groups={groups}, group_top_k={group_top_k}: groups must divide num_experts={num_experts}, 1 <= group_top_k <= groups")
+        self.groups, self.group_top_k, self.scale = groups, group_top_k, scale
+        self.register_buffer("expert_bias", torch.zeros(num_experts) if bias else None)
+
+    def forward(self, x: torch.Tensor) -> Routing:
+        logits = self.gate(x)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        if self.gating == "softmax":
+            scores = probs = logits.softmax(dim=-1)
+        else:
+            scores = logits.sigmoid()
+            probs = scores / scores.sum(dim=-1, keepdim=True)
+        choice = scores if self.expert_bias is None else scores + self.expert_bias
+        if self.groups > 1:
+            grouped = choice.view(-1, self.groups, self.num_experts // self.groups)
+            kept = grouped.topk(2, dim=-1).values.sum(-1).topk(self.group_top_k, dim=-1).indices
+            allowed = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter_(1, kept, True)
+            choice = grouped.masked_fill(~allowed[..., None], float("-inf")).view_as(choice)
+        indices = choice.topk(self.top_k, dim=-1).indices
+        weights = scores.gather(-1, indices)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return Routing(weights=weights * self.scale, indices=indices, probs=probs, logits=logits)
+
+
 @dataclass
 class Dispatch:
     """The T * top_k assignments of one forward pass, grouped by expert (ascending expert id)."""
@@ -154,9 +205,10 @@ class GroupedExperts(nn.Module):
     nn.Linear weights, the layout the HF bridge maps.
     """
 
-    def __init__(self, num_experts: int, dim: int, hidden: int):
+    def __init__(self, num_experts: int, dim: int, hidden: int, activation: str = "silu"):
         super().__init__()
         self.num_experts = num_experts
+        self.act = ACTIVATIONS[activation]
         self.w1 = nn.Parameter(torch.empty(num_experts, hidden, dim))
         self.w3 = nn.Parameter(torch.empty(num_experts, hidden, dim))
         self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden))
@@ -170,7 +222,7 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (num_experts, capacity, dim), row block e for expert e -> same shape. One batched matmul per weight."""
-        hidden = F.silu(torch.bmm(x, self.w1.transpose(1, 2))) * torch.bmm(x, self.w3.transpose(1, 2))
+        hidden = self.act(torch.bmm(x, self.w1.transpose(1, 2))) * torch.bmm(x, self.w3.transpose(1, 2))
         return torch.bmm(hidden, self.w2.transpose(1, 2))
 
     def forward_grouped(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
@@ -178,7 +230,7 @@ class GroupedExperts(nn.Module):
         outputs = []
         # unbind, not w1[e]: its backward stacks once instead of accumulating a full-size zero gradient per expert.
         for rows, w1, w3, w2 in zip(x.split(counts), self.w1.unbind(0), self.w3.unbind(0), self.w2.unbind(0)):
-            outputs.append(F.linear(F.silu(F.linear(rows, w1)) * F.linear(rows, w3), w2))
+            outputs.append(F.linear(self.act(F.linear(rows, w1)) * F.linear(rows, w3), w2))
         return torch.cat(outputs)
 
 
@@ -207,16 +259,23 @@ class MoE(nn.Module):
         renormalize: bool = True,
         capacity_factor: float = 0.0,
         shared_hidden: int = 0,
+        activation: str = "silu",
+        router: dict[str, Any] | None = None,
     ):
+        """router: the CorrectedTopKRouter's bias, groups, group_top_k and scale, when routing uses them."""
         super().__init__()
         if capacity_factor < 0:
             raise ValueError(f"capacity_factor={capacity_factor} must be >= 0 (0 is dropless)")
         self.num_experts = num_experts
         self.top_k = top_k
         self.capacity_factor = capacity_factor
-        self.router = TopKRouter(dim, num_experts, top_k, gating, renormalize)
-        self.experts = GroupedExperts(num_experts, dim, expert_hidden)
-        self.shared_expert = SwiGLU(dim, shared_hidden) if shared_hidden > 0 else None
+        self.router = (
+            TopKRouter(dim, num_experts, top_k, gating, renormalize)
+            if not router
+            else CorrectedTopKRouter(dim, num_experts, top_k, gating, renormalize, **router)
+        )
+        self.experts = GroupedExperts(num_experts, dim, expert_hidden, activation)
+        self.shared_expert = SwiGLU(dim, shared_hidden, activation) if shared_hidden > 0 else None
         self.stats: MoEStats | None = None
         self.reduce_counts: Callable[[torch.Tensor], torch.Tensor] | None = None
         """Set from outside under data/expert parallelism: turns this rank's per-expert counts into the global
@@ -254,6 +313,10 @@ class MoE(nn.Module):
         )
         return y.to(x.dtype).view(shape)
 
+    def residual_projections(self) -> tuple[nn.Linear, ...]:
+        """The shared expert's w2 (the routed experts' w2 gets the same std from GroupedExperts.reset_parameters)."""
+        return () if self.shared_expert is None else (self.shared_expert.w2,)
+
     def _run_padded(self, x: torch.Tensor, dispatch: Dispatch) -> torch.Tensor:
         """Fill a (E, capacity, dim) buffer, run the experts as one batch, read each assignment's row back."""
         num_tokens, dim = x.shape
@@ -268,35 +331,16 @@ class MoE(nn.Module):
         return torch.cat([out, out.new_zeros(1, dim)]).index_select(0, dispatch.slot)
 
 
-class MoEBlock(nn.Module):
-    """Pre-norm transformer block: x + attn(norm(x)), then x + moe(norm(x))."""
-
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, norm_eps: float, moe: MoE, attention_scale: float | None = None, **attention: int | None):
-        super().__init__()
-        self.attention_norm = RMSNorm(dim, norm_eps)
-        self.attention = Attention(dim, n_heads, n_kv_heads, softmax_scale=attention_scale, **attention)
-        self.mlp_norm = RMSNorm(dim, norm_eps)
-        self.moe = moe
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin)
-        return x + self.moe(self.mlp_norm(x))
-
-    def residual_projections(self) -> tuple[nn.Linear, ...]:
-        """The linears that write into the residual stream (scaled down with depth at init): attention wo and the
-        shared expert's w2. The routed experts' w2 gets the same std from GroupedExperts.reset_parameters."""
-        shared = self.moe.shared_expert
-        return (self.attention.wo,) if shared is None else (self.attention.wo, shared.w2)
-
-
-class MoETransformer(Decoder):
-    """Token ids (batch, seq) -> next-token logits (batch, seq, vocab_size), every MLP a routed MoE.
+class MoETransformer(RopeDecoder):
+    """Token ids (batch, seq) -> next-token logits (batch, seq, vocab_size), each MLP a routed MoE (registered as
+    `moe`), except the dense_layers, whose MLP is one gated MLP of width dense_hidden (`mlp`, as model=gqa's).
 
     After each forward, auxiliary_loss() holds the weighted balance and z losses (the trainer adds it
     to the task loss) and training_metrics() the per-layer expert load, drop rate and losses.
 
     muP (mup=true) is the Decoder's; the experts and the router count as hidden matrices (the
     router's logits then keep their base-width size at init and move by a width-independent amount).
+    fields: the other RopeDecoderConfig fields (RopeDecoder's keyword arguments): attention, norms, RoPE.
     """
 
     def __init__(
@@ -317,68 +361,30 @@ class MoETransformer(Decoder):
         aux_loss_coef: float = 0.01,
         z_loss_coef: float = 0.001,
         shared_expert: bool = False,
-        rope_theta: float = 10000.0,
-        norm_eps: float = 1e-5,
-        tie_embeddings: bool = False,
-        init_std: float = 0.02,
-        mup: bool = False,
-        mup_base_width: int = 128,
-        head_dim: int = 0,
-        rope_scaling: str = "none",
-        rope_factor: float = 1.0,
-        rope_low_freq_factor: float = 1.0,
-        rope_high_freq_factor: float = 4.0,
-        rope_original_max_seq_len: int = 8192,
-        rope_beta_fast: float = 32.0,
-        rope_beta_slow: float = 1.0,
-        rope_attention_factor: float = 0.0,
-        rope_truncate: bool = True,
-        sliding_window: int = 0,
+        dense_layers: Sequence[int] = (),
+        dense_hidden: int = 0,
+        router_bias: bool = False,
+        router_groups: int = 1,
+        router_group_top_k: int = 1,
+        routed_scale: float = 1.0,
+        mlp_activation: str = "silu",
+        **fields: Any,
     ):
-        head_dim = head_dim or dim // n_heads
-        scaling = rope_scaling_of(
-            rope_scaling,
-            rope_factor,
-            rope_low_freq_factor,
-            rope_high_freq_factor,
-            rope_original_max_seq_len,
-            beta_fast=rope_beta_fast,
-            beta_slow=rope_beta_slow,
-            attention_factor=rope_attention_factor,
-            truncate=rope_truncate,
-        )
-        attention_scale = mup_attention_scale(head_dim, dim, mup, mup_base_width)
+        corrected = router_bias or router_groups > 1 or routed_scale != 1.0
+        router = dict(bias=router_bias, groups=router_groups, group_top_k=router_group_top_k, scale=routed_scale) if corrected else None
+        dense = set(dense_layers)
 
-        def build_block() -> MoEBlock:
-            moe = MoE(
-                dim,
-                num_experts,
-                top_k,
-                expert_hidden,
-                gating=gating,
-                renormalize=renormalize,
-                capacity_factor=capacity_factor,
-                shared_hidden=mlp_hidden if shared_expert else 0,
-            )
-            return MoEBlock(dim, n_heads, n_kv_heads, norm_eps, moe, attention_scale=attention_scale, head_dim=head_dim, sliding_window=sliding_window or None)
+        def build_mlp(i: int) -> tuple[str, nn.Module]:
+            if i in dense:
+                return "mlp", SwiGLU(dim, dense_hidden or mlp_hidden, mlp_activation)
+            shared_hidden = mlp_hidden if shared_expert else 0
+            return "moe", MoE(dim, num_experts, top_k, expert_hidden, gating, renormalize, capacity_factor, shared_hidden, mlp_activation, router)
 
-        super().__init__(
-            vocab_size,
-            dim,
-            n_layers,
-            max_seq_len,
-            norm_eps,
-            tie_embeddings,
-            init_std,
-            mup,
-            mup_base_width,
-            build_block=build_block,
-            rope_head_dim=head_dim,
-            rope_theta=rope_theta,
-            rope_scaling=scaling,
-        )
+        super().__init__(vocab_size, dim, n_layers, n_heads, n_kv_heads, max_seq_len, build_mlp=build_mlp, **fields)
         self.aux_loss_coef = aux_loss_coef
         self.z_loss_coef = z_loss_coef
+        self.moe_layers = [i for i in range(n_layers) if i not in dense]
+        """The indices of the layers whose MLP is an MoE."""
 
     def _hidden_matrices(self) -> list[nn.Parameter]:
         """The blocks' linear layers (attention, routers, shared experts), then the stacked expert weights."""
@@ -390,10 +396,14 @@ class MoETransformer(Decoder):
             # w1 and w3 are hidden matrices; w2 writes into the residual stream.
             module.reset_parameters(hidden_std, residual_std)
 
+    def _moe_blocks(self) -> list[nn.Module]:
+        """The blocks of moe_layers (every block under pipeline parallelism's kept layers, whose indices are global)."""
+        return [block for block in self.layers if hasattr(block, "moe")]
+
     def auxiliary_loss(self) -> torch.Tensor:
         """aux_loss_coef * balance loss + z_loss_coef * z-loss of the last forward, summed over layers."""
         total = torch.zeros((), device=self.output.weight.device)
-        for layer in self.layers:
+        for layer in self._moe_blocks():
             stats = layer.moe.stats
             if stats is not None:
                 total = total + self.aux_loss_coef * stats.aux_loss + self.z_loss_coef * stats.z_loss
@@ -402,7 +412,7 @@ class MoETransformer(Decoder):
     def training_metrics(self) -> dict[str, float]:
         """Per layer i: moe/layer{i}/load/e{j} (share of assignments to expert j), drop_rate, aux_loss, z_loss."""
         names, values = [], []
-        for i, layer in enumerate(self.layers):
+        for i, layer in zip(self.moe_layers, self._moe_blocks()):
             stats = layer.moe.stats
             if stats is None:
                 continue

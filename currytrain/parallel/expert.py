@@ -41,6 +41,7 @@ class ExpertParallelExperts(GroupedExperts):
         self.group = ep_mesh.get_group()
         self.replica_group = replicas.get_group() if replicas.size() > 1 else None
         self.dp_size = dp_size
+        self.act = experts.act
         for name in ("w1", "w3", "w2"):
             param = nn.Parameter(distribute_tensor(getattr(experts, name).detach(), ep_mesh, [Shard(0)]))
             param.register_hook(self._average)
@@ -77,7 +78,9 @@ class ExpertParallelExperts(GroupedExperts):
     def _run_owned(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
         """The owned experts on their rows (counts[e] rows for owned expert e, in order)."""
         weights = (self.w1.to_local(), self.w3.to_local(), self.w2.to_local())
-        outputs = [F.linear(F.silu(F.linear(rows, w1)) * F.linear(rows, w3), w2) for rows, w1, w3, w2 in zip(x.split(counts), *(w.unbind(0) for w in weights))]
+        outputs = [
+            F.linear(self.act(F.linear(rows, w1)) * F.linear(rows, w3), w2) for rows, w1, w3, w2 in zip(x.split(counts), *(w.unbind(0) for w in weights))
+        ]
         return torch.cat(outputs)
 
 

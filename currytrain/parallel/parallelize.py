@@ -116,7 +116,7 @@ def apply_tp(model: nn.Module, tp_mesh) -> None:
     )
 
     from currytrain.model.gqa import GQATransformer
-    from currytrain.model.moe import MoETransformer
+    from currytrain.model.moe import MoE, MoETransformer
 
     if not isinstance(model, GQATransformer | MoETransformer):  # validation refuses other families first
         raise TypeError(f"parallel.tp has a plan for the GQA and MoE decoders only, not {type(model).__name__}")
@@ -140,7 +140,7 @@ def apply_tp(model: nn.Module, tp_mesh) -> None:
             "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
             "mlp_norm": SequenceParallel(),
         }
-        if isinstance(model, MoETransformer):
+        if isinstance(getattr(block, "moe", None), MoE):  # model=moe's dense_layers keep the dense plan below
             plan["moe"] = PrepareModuleInputOutput(
                 input_layouts=(Shard(1),),
                 desired_input_layouts=(Replicate(),),

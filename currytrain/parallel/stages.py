@@ -62,14 +62,15 @@ class StageModule(nn.Module):
         self.decoder = [decoder]  # a list: not registered as a submodule
         self.tok_embeddings = decoder.tok_embeddings if first else None
         self.layers = nn.ModuleList(decoder.layers.block(layer) for layer in layers)
+        self.layer_rope = [decoder.layer_rope[layer] for layer in layers]
         self.norm, self.output = (decoder.norm, decoder.output) if last else (None, None)
 
     def forward(self, x):
         decoder = self.decoder[0]
         h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
-        cos, sin = decoder.rope_tables(h.shape[1])
-        for layer in self.layers:
-            h = layer(h, cos, sin)
+        tables = decoder.rope_tables(h.shape[1])
+        for layer, table in zip(self.layers, self.layer_rope):
+            h = layer(h, *tables[table])
         return decoder.readout(h) if self.output is not None else h
 
 

@@ -140,7 +140,8 @@ def best_vs_runner_up(study: Any, objective: str) -> str:
         return (
             f"Best ({names[1]}) vs runner-up ({names[0]}): {objective} gap {gap:.4f}, not distinguishable yet: "
             f"{len(best_runs)} and {len(second_runs)} seed(s), so the gap cannot be told from seed noise. Rerun both "
-            "with seeds (python launch.py -m seed=0,1,2 <params>) and `currytrain compare` the folders, or measure the noise with check=seeds."
+            "with seeds: the same sweep command with sweep.confirm_top_k=2 does it (the study is not rerun), or "
+            "python launch.py -m seed=0,1,2 <params> and `currytrain compare` the folders."
         )
     shared = sorted(set(best_runs) & set(second_runs), key=str)
     paired = len(shared) >= 2
@@ -151,7 +152,7 @@ def best_vs_runner_up(study: Any, objective: str) -> str:
     return f"Best vs runner-up on {objective}: {verdict.text}."
 
 
-def report_lines(study: Any, objectives: Sequence[str], summary: dict[str, Any], drew: bool) -> list[str]:
+def report_lines(study: Any, objectives: Sequence[str], summary: dict[str, Any], drew: bool, confirmation: Any = None) -> list[str]:
     lines = [f"# Sweep report: study {study.study_name}", "", f"Trials by state: {summary['trials']}", ""]
     if "best_value" in summary:
         lines += [
@@ -162,6 +163,8 @@ def report_lines(study: Any, objectives: Sequence[str], summary: dict[str, Any],
         ]
         lines += [f"- `{k}={_param_text(v)}`" for k, v in summary["best_params"].items()] + [""]
         lines += [best_vs_runner_up(study, objectives[0]), ""]
+    if confirmation is not None:
+        lines += confirmation.lines(objectives[0])
     elif "solutions" in summary:
         lines += ["## Pareto front", ""] + [f"- trial {s['trial']}: {s['values']} {s['params']}" for s in summary["solutions"]] + [""]
     found = importances(study)
@@ -173,10 +176,14 @@ def report_lines(study: Any, objectives: Sequence[str], summary: dict[str, Any],
     return lines
 
 
-def write_outputs(study: Any, sweep_dir: Path, objectives: Sequence[str]) -> dict[str, Any]:
+def write_outputs(study: Any, sweep_dir: Path, objectives: Sequence[str], confirmation: Any = None) -> dict[str, Any]:
+    """optimization_results.yaml, optimization_history.png and report.md; `confirmation` (sweep.confirm) adds
+    the reruns of the top configs and the winner they name."""
     summary = results(study)
+    if confirmation is not None:
+        summary["confirmation"] = confirmation.summary()
     OmegaConf.save(OmegaConf.create(summary), sweep_dir / RESULTS)
     drew = plot_history(study, objectives, sweep_dir / HISTORY_PNG)
-    (sweep_dir / REPORT).write_text("\n".join(report_lines(study, objectives, summary, drew)))
+    (sweep_dir / REPORT).write_text("\n".join(report_lines(study, objectives, summary, drew, confirmation)))
     log.info("sweep results: %s, report: %s", sweep_dir / RESULTS, sweep_dir / REPORT)
     return summary

@@ -2,7 +2,9 @@
 
 Each entry is parsed by Hydra's own override parser, so `interval`, `choice`, `range`, `tag(log, ...)` and
 casts (`int(interval(1, 8))`) mean what they mean on Hydra's command line. Unlike hydra-optuna-sweeper 1.3,
-`range(start, stop, step)` excludes stop, as Python's range and Hydra's basic sweeper do.
+`range(start, stop, step)` excludes stop, as Python's range and Hydra's basic sweeper do. The deprecated
+`search_space` form of that plugin (`{type, low, high, step, log, choices}` per key, bounds included) is read
+by parse_search_space.
 """
 
 from __future__ import annotations
@@ -50,6 +52,17 @@ class SearchSpace:
     dimensions: dict[str, Dimension] = field(default_factory=dict)
     fixed: dict[str, str | None] = field(default_factory=dict)
     """Plain `key: value` entries: passed unchanged to every trial (value None: a `~key` deletion)."""
+    custom: str | None = None
+    """`custom_search_space`: the dotted path of a function (cfg, trial) that suggests more parameters."""
+
+    def set(self, key: str, dimension: Dimension | None, fixed: str | None) -> None:
+        """Sweep or fix `key`, replacing whatever an earlier entry said about it (the command line wins)."""
+        self.dimensions.pop(key, None)
+        self.fixed.pop(key, None)
+        if dimension is None:
+            self.fixed[key] = fixed
+        else:
+            self.dimensions[key] = dimension
 
     def grid(self) -> dict[str, list[Any]]:
         return {key: dim.grid() for key, dim in self.dimensions.items()}
@@ -124,11 +137,46 @@ def parse_params(params: Mapping[str, Any], path: str) -> tuple[SearchSpace, lis
         except ValueError as error:
             problems.append(f"{path}.{key}={entry}: {error}. Write one of {SYNTAX}")
             continue
-        if dimension is None:
-            space.fixed[str(key)] = fixed
-        else:
-            space.dimensions[str(key)] = dimension
+        space.set(str(key), dimension, fixed)
     return space, problems
+
+
+LEGACY_TYPES = ("int", "float", "categorical")
+
+
+def _legacy_dimension(entry: Mapping[str, Any]) -> Dimension:
+    """One entry of the deprecated search_space form: its bounds are inclusive, as that plugin had them."""
+    unknown = sorted(set(entry) - {"type", "low", "high", "step", "log", "choices"})
+    if unknown:
+        raise ValueError(f"unknown field(s) {unknown}: the fields are type, low, high, step, log, choices")
+    kind = str(entry.get("type"))
+    if kind not in LEGACY_TYPES:
+        raise ValueError(f"type={entry.get('type')} is not one of {list(LEGACY_TYPES)}")
+    if kind == "categorical":
+        if not entry.get("choices"):
+            raise ValueError("a categorical entry needs a non-empty choices list")
+        return Dimension("categorical", choices=tuple(entry["choices"]))
+    low, high, step, log = entry.get("low"), entry.get("high"), entry.get("step"), bool(entry.get("log", False))
+    if low is None or high is None or not low < high:
+        raise ValueError(f"low={low} and high={high} must be numbers with low < high")
+    if log and not low > 0:
+        raise ValueError(f"a log entry needs a positive low bound, got {low}")
+    if kind == "int":
+        return Dimension("int", int(low), int(high), step=None if log else int(step or 1), log=log)
+    return Dimension("float", float(low), float(high), step=None if log or step is None else float(step), log=log)
+
+
+def parse_search_space(entries: Mapping[str, Any], path: str) -> tuple[dict[str, Dimension], list[str]]:
+    """The dimensions of hydra-optuna-sweeper's deprecated `search_space` form, and a problem per bad entry."""
+    dimensions, problems = {}, []
+    for key, entry in entries.items():
+        try:
+            if not isinstance(entry, Mapping):
+                raise ValueError("each entry is a mapping such as {type: float, low: 0.0, high: 1.0}")
+            dimensions[str(key)] = _legacy_dimension(entry)
+        except ValueError as error:
+            problems.append(f"{path}.{key}: {error}. Better: move it to params, e.g. {key}: interval(low, high)")
+    return dimensions, problems
 
 
 def overrides_of(params: Mapping[str, Any]) -> list[str]:

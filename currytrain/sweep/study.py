@@ -135,6 +135,8 @@ class Outcome:
     state: str | None
     values: list[float] | None = None
     reason: str = ""
+    config_error: str | None = None
+    """Set when the trial shows the sweep's config is wrong (a task returning a value per direction it lacks)."""
 
 
 def _metric(events: Sequence[dict], name: str) -> float | None:
@@ -172,8 +174,19 @@ def outcome_from_journal(run_dir: Path, objectives: Sequence[str]) -> Outcome:
     return Outcome("FAIL", reason=f"{ending['type']}: {ending.get('message', '')}".strip())
 
 
-def outcome_of(job_return: Any, run_dir: Path, objectives: Sequence[str]) -> Outcome:
-    """A launched job's outcome: its raised outcome or, when it returned, the objective values it journaled."""
+def returned_values(returned: Any) -> list[float] | None:
+    """A task's return as numbers, read as hydra-optuna-sweeper reads it (float() of the value, or of each
+    item of a tuple, list or 1-d array); None when it is not numbers."""
+    several = isinstance(returned, (list, tuple)) or type(returned).__name__ == "ListConfig" or getattr(returned, "ndim", 0) >= 1
+    try:
+        return [float(value) for value in (returned if several else [returned])]
+    except (TypeError, ValueError):
+        return None
+
+
+def outcome_of(job_return: Any, run_dir: Path, objectives: Sequence[str], *, from_journal: bool = True, direction_key: str = "sweep.direction") -> Outcome:
+    """A launched job's outcome: its raised outcome or, when it returned, the objective values it journaled
+    (from_journal: a curryTrain run) or returned (a plain Hydra app, one value per direction)."""
     from hydra.core.utils import JobStatus
 
     from currytrain.errors import Pruned
@@ -185,12 +198,18 @@ def outcome_of(job_return: Any, run_dir: Path, objectives: Sequence[str]) -> Out
         if isinstance(error, Pruned):
             return Outcome("PRUNED", reason=str(error))
         return Outcome("FAIL", reason=f"{type(error).__name__}: {' '.join(str(error).split())}")
-    if (run_dir / "journal.jsonl").is_file():  # a curryTrain run: its journal holds every objective
+    if from_journal and (run_dir / "journal.jsonl").is_file():  # a curryTrain run: its journal holds every objective
         return outcome_from_journal(run_dir, objectives)
-    returned = job_return.return_value  # any other Hydra app returns its objective(s), as with hydra-optuna-sweeper
-    values = list(returned) if isinstance(returned, (list, tuple)) else [returned]
-    if len(values) != len(objectives) or not all(isinstance(v, (int, float)) for v in values):
+    returned = job_return.return_value
+    values = returned_values(returned)
+    if values is None:
         return Outcome("FAIL", reason=f"the task returned {returned!r}: expected {len(objectives)} number(s), one per direction")
+    if len(values) != len(objectives):
+        problem = (
+            f"{direction_key} has {len(objectives)} direction(s) but the task returned {len(values)} value(s) ({returned!r}): "
+            f"give one direction per returned value (e.g. {direction_key}=[{', '.join(['minimize'] * len(values))}]), or return {len(objectives)} value(s)"
+        )
+        return Outcome("FAIL", reason=problem, config_error=problem)
     return completed(values, objectives)
 
 

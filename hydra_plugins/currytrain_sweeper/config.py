@@ -1,24 +1,54 @@
-"""The sweeper's Hydra configs: `hydra/sweeper=currytrain` (settings come from the `sweep` node, any key set
-here wins) and `hydra/sweeper=optuna`, the same sweeper under hydra-optuna-sweeper's name and defaults, so a
-config written for that plugin composes unchanged. Samplers are also offered as `hydra/sweeper/sampler=<name>`."""
+"""The sweeper's Hydra configs.
 
+- `hydra/sweeper=currytrain`, always: settings come from the `sweep` node; any key set here wins.
+- `hydra/sweeper=optuna` and `hydra/sweeper/sampler=<name>`, only where hydra-optuna-sweeper is not installed:
+  the same sweeper under that plugin's name and defaults, so a config written for it composes unchanged. Where
+  it is installed, those names stay its own and curryTrain registers nothing over them.
+- `hydra/sweeper/pruner=<name>`, always (no other plugin has the group).
+
+Sampler and pruner nodes are open: any argument of the class can be set on the command line without `+`
+(`hydra.sweeper.sampler.n_startup_trials=5`); the sweeper checks each against the class's signature.
+"""
+
+import sys
 from dataclasses import dataclass, field
+from importlib.machinery import PathFinder
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+OFFICIAL_PACKAGE = "hydra_plugins.hydra_optuna_sweeper"
+OFFICIAL_MODULE = f"{OFFICIAL_PACKAGE}.optuna_sweeper"
+"""hydra-optuna-sweeper's module: its configs name `{OFFICIAL_MODULE}.OptunaSweeper`."""
+
+
+def official_plugin_installed() -> bool:
+    """Whether Hydra finds hydra-optuna-sweeper's sweeper module (looked up on the path, not imported)."""
+    if OFFICIAL_MODULE in sys.modules:
+        return True
+    namespace = sys.modules.get("hydra_plugins")
+    if namespace is None:
+        return False
+    package = PathFinder.find_spec(OFFICIAL_PACKAGE, list(namespace.__path__))
+    if package is None or not package.submodule_search_locations:
+        return False
+    return PathFinder.find_spec(OFFICIAL_MODULE, list(package.submodule_search_locations)) is not None
 
 
 @dataclass
 class CurryTrainSweeperConf:
     """hydra.sweeper: every key left null is taken from the `sweep` node (currytrain/sweep/config.py)."""
 
+    defaults: list[Any] = field(default_factory=lambda: ["_self_", {"sampler": None}, {"pruner": None}])
+    """hydra/sweeper/sampler=<name> and hydra/sweeper/pruner=<name> fill sampler and pruner (none chosen by default)."""
     _target_: str = "hydra_plugins.currytrain_sweeper.sweeper.CurryTrainSweeper"
     _recursive_: bool = False
     """Hydra must not build the sampler and pruner nodes: the sweeper checks and builds them (allow-list)."""
     sampler: Any = None
     """An Optuna sampler node (_target_ in optuna.samplers, seed, ...)."""
     direction: Any = None
-    """minimize, maximize, or a list of them."""
+    """minimize, maximize, or a list of them (one per objective)."""
     storage: Any = None
     """Optuna storage URI (null: SQLite in the sweep folder)."""
     study_name: Any = None
@@ -26,30 +56,30 @@ class CurryTrainSweeperConf:
     n_trials: Any = None
     """Trials in the study in total."""
     n_jobs: Any = None
-    """Trials in flight at once."""
+    """Trials in flight at once (a batch with Hydra's basic launcher)."""
     params: Any = None
-    """Search space, merged over sweep.params."""
+    """Search space, merged over sweep.params; command-line entries win key by key."""
     pruner: Any = None
-    """An Optuna pruner node (_target_ in optuna.pruners)."""
+    """An Optuna pruner node (_target_ in optuna.pruners), or hydra/sweeper/pruner=<name>."""
     objective: Any = None
-    """Metric(s) each trial returns (see sweep.objective)."""
+    """curryTrain runs: the metric(s) each trial returns (see sweep.objective). Plain apps: labels of the returned values."""
     max_failures: Any = None
     """Failed trials after which the sweep stops."""
     max_failure_rate: Any = None
-    """hydra-optuna-sweeper's form of max_failures: a share of n_trials."""
+    """hydra-optuna-sweeper's rule: the sweep stops after a batch whose failed share exceeds this (0.0 to 1.0)."""
     on_interrupted: Any = None
     """fail or requeue: trials a killed sweeper left running."""
     search_space: Any = None
-    """Deprecated in hydra-optuna-sweeper; refused with the fix (use params)."""
+    """Deprecated form of params ({type, low, high, step, log, choices} per key): converted with a warning."""
     custom_search_space: Any = None
-    """Not supported; refused with the fix."""
+    """Dotted path of a function (cfg, trial) that suggests more parameters on each trial."""
 
 
 @dataclass
 class OptunaCompatConf(CurryTrainSweeperConf):
-    """hydra/sweeper=optuna: hydra-optuna-sweeper 1.3's defaults (TPE, minimize, 20 trials, 2 jobs)."""
+    """hydra/sweeper=optuna: hydra-optuna-sweeper 1.3's defaults (TPE, minimize, 20 trials, 2 jobs, max_failure_rate 0)."""
 
-    defaults: list[Any] = field(default_factory=lambda: ["_self_", {"sampler": "tpe"}])  # the sampler option fills sampler: null
+    defaults: list[Any] = field(default_factory=lambda: ["_self_", {"sampler": "tpe"}, {"pruner": None}])
     direction: Any = "minimize"
     n_trials: Any = 20
     n_jobs: Any = 2
@@ -61,13 +91,41 @@ SAMPLERS = {
     "random": "RandomSampler",
     "cmaes": "CmaEsSampler",
     "nsgaii": "NSGAIISampler",
+    "nsgaiii": "NSGAIIISampler",
     "qmc": "QMCSampler",
     "gp": "GPSampler",
     "grid": "GridSampler",
+    "bruteforce": "BruteForceSampler",
+    "motpe": "MOTPESampler",  # hydra-optuna-sweeper 1.3 offers it; Optuna 4 removed it: the sweeper says so (exit 2)
+}
+PRUNERS = {
+    "median": {"_target_": "optuna.pruners.MedianPruner"},
+    "percentile": {"_target_": "optuna.pruners.PercentilePruner", "percentile": 25.0},
+    "successive_halving": {"_target_": "optuna.pruners.SuccessiveHalvingPruner"},
+    "hyperband": {"_target_": "optuna.pruners.HyperbandPruner"},
+    "threshold": {"_target_": "optuna.pruners.ThresholdPruner"},
+    "wilcoxon": {"_target_": "optuna.pruners.WilcoxonPruner"},
+    "nop": {"_target_": "optuna.pruners.NopPruner"},
 }
 
-store = ConfigStore.instance()
-store.store(group="hydra/sweeper", name="currytrain", node=CurryTrainSweeperConf, provider="currytrain")
-store.store(group="hydra/sweeper", name="optuna", node=OptunaCompatConf, provider="currytrain")
-for name, klass in SAMPLERS.items():
-    store.store(group="hydra/sweeper/sampler", name=name, node={"_target_": f"optuna.samplers.{klass}", "seed": None}, provider="currytrain")
+
+def open_node(values: dict[str, Any]) -> DictConfig:
+    """A node that accepts keys it does not hold yet (a class's arguments)."""
+    node = OmegaConf.create(values)
+    OmegaConf.set_struct(node, False)
+    return node
+
+
+def register() -> None:
+    store = ConfigStore.instance()
+    store.store(group="hydra/sweeper", name="currytrain", node=CurryTrainSweeperConf, provider="currytrain")
+    for name, node in PRUNERS.items():
+        store.store(group="hydra/sweeper/pruner", name=name, node=open_node(node), provider="currytrain")
+    if official_plugin_installed():  # its names are its own
+        return
+    store.store(group="hydra/sweeper", name="optuna", node=OptunaCompatConf, provider="currytrain")
+    for name, klass in SAMPLERS.items():
+        store.store(group="hydra/sweeper/sampler", name=name, node=open_node({"_target_": f"optuna.samplers.{klass}", "seed": None}), provider="currytrain")
+
+
+register()
