@@ -83,6 +83,11 @@ BAD_CONFIGS = [
     (["abort.max_seconds=inf"], ["abort.max_seconds=inf must be a finite number >= 0"]),
     (["parallel.hang_timeout=nan"], ["parallel.hang_timeout=nan must be a finite number >= 0"]),
     (["seed=-1"], ["seed=-1 must be in [0, 2**63)"]),
+    # The fields the HF families added (issue 33) declare their ranges the same way.
+    (["model.attn_softcap=inf"], ["model.attn_softcap=inf must be a finite number >= 0: pass model.attn_softcap=0.0"]),
+    (["model.rope_dim=-2"], ["model.rope_dim=-2 must be >= 0: pass model.rope_dim=0"]),
+    (["model=moe", "model.router_groups=0"], ["model.router_groups=0 must be >= 1: pass model.router_groups=1"]),
+    (["model=moe", "model.dense_layers=[-1]"], ["model.dense_layers=[-1] must be each entry >= 0"]),
     (
         ["logger=[jsonl]", "logger.jsonl.filename=../../escaped.jsonl"],
         ["logger.jsonl.filename='../../escaped.jsonl' must name a file or folder inside the run folder"],
