@@ -184,6 +184,13 @@ def bench_lines() -> list[str]:
         f"{bench['jsonl_ms_per_step']} ms/step with jsonl alone, a ratio of {bench['ratio']} ({verdict} the 1.10 target; "
         f"median of {bench['rounds']} alternating rounds of {bench['steps_per_block']} steps, per round {bench['ratios']}, "
         f"{bench['threads']} torch thread(s){', ' + bench['machine'] if bench.get('machine') else ''})."
+        + (
+            f" CPU time per step (this process with its logging threads, and W&B's service process), which a busy machine disturbs "
+            f"less than the wall clock: {bench['all_cpu_ms_per_step']} ms against {bench['jsonl_cpu_ms_per_step']} ms, a ratio of "
+            f"{bench['cpu_ratio']} (load average {bench['load_average']} on {bench['cpus']} CPUs during the run)."
+            if "cpu_ratio" in bench
+            else ""
+        )
     ]
 
 
