@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: train test test-fast lint setup clean reliability slurm
+.PHONY: train test test-fast lint setup clean reliability slurm fuzz-long
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,9 +28,14 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	CURRYTRAIN_TEST_TIER=fast $(PY) -m pytest -m "not slow" $(ARGS)
 
-# docs/reliability.md, written by the tests it lists (tests/reliability/table.py)
+# docs/reliability.md, written by the tests it lists (tests/reliability/table.py), with the logger benchmark's figures
 reliability: $(STAMP)
-	$(PY) -m pytest -p tests.reliability.table tests/reliability tests/test_bad_config.py $(ARGS)
+	$(PY) bench/logger_load.py --json docs/reliability.load.json
+	CURRYTRAIN_LOAD_TESTS=1 $(PY) -m pytest -p tests.reliability.table tests/reliability tests/test_bad_config.py $(ARGS)
+
+# The config fuzz's long profile (5,000 cases), for a nightly job: its row in docs/reliability.md
+fuzz-long: $(STAMP)
+	CURRYTRAIN_RELIABILITY_MERGE=1 $(PY) -m pytest -p tests.reliability.table tests/reliability/test_fuzz_config.py --hypothesis-profile=long $(ARGS)
 
 # SLURM on this machine for tests/test_slurm.py, which starts its own controller and nodes: Debian's slurmctld,
 # slurmd, slurm-client and munge, installed with apt-get as root (CI does). Where they cannot be had, those tests

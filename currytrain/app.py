@@ -64,7 +64,7 @@ def torchrun_follower() -> bool:
 
 def run_app(main: Callable[[], None]) -> None:
     """Run the `@hydra.main` function `main` and exit with the code of how it ended."""
-    from currytrain.config import CONF_DIR, broken_yaml_choices, unknown_list_choices
+    from currytrain.config import CONF_DIR, broken_yaml_choices, unknown_list_choices, unparsable_overrides
 
     if torchrun_follower():
         from currytrain.run import run_worker
@@ -72,7 +72,7 @@ def run_app(main: Callable[[], None]) -> None:
 
         sys.exit(follow_rank_zero(run_worker))
     conf_dirs = [Path(sys.argv[0]).resolve().parent / "conf", CONF_DIR]
-    if problems := unknown_list_choices(sys.argv[1:], conf_dirs) + broken_yaml_choices(sys.argv[1:], conf_dirs):
+    if problems := unparsable_overrides(sys.argv[1:]) or unknown_list_choices(sys.argv[1:], conf_dirs) + broken_yaml_choices(sys.argv[1:], conf_dirs):
         print("\n".join(f"curryTrain: {problem}" for problem in problems), file=sys.stderr)
         sys.exit(EXIT_CONFIG_ERROR)
     try:

@@ -29,7 +29,17 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from currytrain.diskio import write_failure_cause
 from currytrain.errors import ConfigError, RunFailed
-from currytrain.weights import MARKER, STEP_DIR, checkpoint_problem, complete_checkpoints, file_digests, is_complete
+from currytrain.weights import (
+    MARKER,
+    STEP_DIR,
+    checkpoint_problem,
+    checkpoint_step,
+    complete_checkpoints,
+    file_digests,
+    is_complete,
+    marker_field,
+    saved_tokens,
+)
 
 if TYPE_CHECKING:
     from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -45,6 +55,11 @@ class TrainState(Stateful):
         self.step = 0
         self.data_offset = 0
         """Added to the step to pick training batches: a rollback moves it past the data the failed steps saw."""
+        self.tokens: int | None = 0
+        self.schedule_start = 0
+        """The step the LR schedule began at: 0, or where a trainer.resume_mode=weights resume restarted it (marker too)."""
+        """Training tokens seen up to this step, exact when the batch size changed on a resume (kept in each
+        checkpoint's marker, not in DCP's state: a checkpoint written before it existed still loads)."""
         self.with_rng = True
         """False while loading a checkpoint that has no RNG state for this rank (saved at a smaller world size)."""
 
@@ -131,13 +146,16 @@ def _barrier() -> None:
 
 
 class Checkpointer:
-    def __init__(self, folder: Path, keep_last: int, is_main: bool, model_node: dict[str, Any] | None = None):
+    def __init__(self, folder: Path, keep_last: int, is_main: bool, model_node: dict[str, Any] | None = None, run_config: dict[str, Any] | None = None):
         self.folder = Path(folder)
         self.keep_last = keep_last
         self.is_main = is_main
         self.model_node = model_node
         """The model's config node, kept in each marker: a checkpoint copied out of its run folder still says
         which model it holds, so a resume into another architecture is refused before loading."""
+        self.run_config = run_config
+        """The whole resolved config, kept in each marker: a resume compares it with its own config and explains
+        (or refuses) every difference."""
 
     def save(self, train_state: TrainState) -> Path:
         path = self.folder / f"step_{train_state.step}"
@@ -150,7 +168,15 @@ class Checkpointer:
                 dcp.save({"train": train_state}, checkpoint_id=str(path), no_dist=not _distributed())
             _barrier()  # every rank's shards are on disk before the marker says so
             if self.is_main:
-                marker = {"step": train_state.step, "seconds": round(time.perf_counter() - started, 3), "files": file_digests(path), "model": self.model_node}
+                marker = {
+                    "step": train_state.step,
+                    "tokens": train_state.tokens,
+                    "schedule_start": train_state.schedule_start,
+                    "seconds": round(time.perf_counter() - started, 3),
+                    "files": file_digests(path),
+                    "model": self.model_node,
+                    "config": self.run_config,
+                }
                 write_atomically(path / MARKER, json.dumps(marker) + "\n")
         except (Exception, CheckpointException) as error:
             raise self._failed_save(path, error) from error
@@ -186,7 +212,9 @@ class Checkpointer:
 
     @staticmethod
     def load(path: Path, train_state: TrainState) -> None:
-        """Load a checkpoint that checkpoint_problem found intact (the caller checks: it picks another if not)."""
+        """Load a checkpoint that checkpoint_problem found intact (the caller checks: it picks another if not).
+        A checkpoint whose state does not fit this run (another optimizer, a layout DCP cannot reshard) is a
+        ConfigError naming the mismatch and the fix."""
         if not is_complete(path):
             raise ConfigError(f"trainer.resume: {path} is not a complete checkpoint (no {MARKER} marker)")
         saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
@@ -194,8 +222,33 @@ class Checkpointer:
         try:
             with _quiet_single_process():
                 dcp.load({"train": train_state}, checkpoint_id=str(path), no_dist=not _distributed())
+        except (CheckpointException, RuntimeError, KeyError, ValueError) as error:
+            raise ConfigError(
+                f"trainer.resume: {path} holds a training state this run cannot load ({_first_line(error)}): resume with the "
+                "settings it was saved with (the journal's header and config_diff show them), or pass trainer.resume_mode=weights "
+                "to load the model weights alone and start the optimizer afresh"
+            ) from error
         finally:
             train_state.with_rng = True
+        train_state.tokens = saved_tokens(path)  # None: a checkpoint from before the count (the trainer estimates it)
+        train_state.schedule_start = int(marker_field(path, "schedule_start") or 0)
+
+    @staticmethod
+    def load_weights(path: Path, train_state: TrainState) -> None:
+        """Load only the model weights of an intact checkpoint (trainer.resume_mode=weights), resharded to this
+        run's layout; the optimizer, schedule and RNG stay as built."""
+        model_state = get_model_state_dict(train_state.model)
+        with _quiet_single_process():
+            dcp.load({"train": {"model": model_state}}, checkpoint_id=str(path), no_dist=not _distributed())
+        set_model_state_dict(train_state.model, model_state)
+        train_state.step = checkpoint_step(path) or 0
+        train_state.tokens = saved_tokens(path)  # None: a checkpoint from before the count (the trainer estimates it)
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    missing = next((line for line in lines if "Missing key" in line or "Unexpected key" in line), None)
+    return (missing or (lines[0] if lines else type(error).__name__))[:300]
 
 
 def load_model_state(path: Path, model_state: dict[str, Any]) -> None:

@@ -40,6 +40,7 @@ from currytrain.logger.config import AimConfig, JsonlConfig, MLflowConfig, Tenso
 from currytrain.model.config import GQAConfig, MLPConfig, MoEConfig, SpikingConfig
 from currytrain.optim.config import AdamWConfig, SGDConfig
 from currytrain.parallel.config import ParallelConfig
+from currytrain.rules import bounded
 from currytrain.sweep.config import SWEEP_PRESETS, NoSweepConfig, OptunaSweepConfig
 from currytrain.trainer.config import TrainerConfig
 
@@ -99,7 +100,7 @@ class RootConfig:
     cost: Any = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     build: BuildConfig = field(default_factory=BuildConfig)
-    seed: int = 0
+    seed: int = bounded(0, ge=0, lt=2**63)
     """Seeds model init, the data split and every batch: same seed, same loss curve."""
 
 
@@ -143,6 +144,27 @@ def compose_config(overrides: list[str]) -> DictConfig:
             return compose(config_name="config", overrides=overrides)
         except HydraException as error:
             raise ConfigError(str(error).split("\nConfig search path:")[0]) from None
+
+
+def unparsable_overrides(args: list[str]) -> list[str]:
+    """Overrides Hydra's grammar cannot read, each named (Hydra's own message names only the input it stopped at)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser, problems = OverridesParser.create(), []
+    for arg in args:
+        if arg.startswith("-") or "=" not in arg and not arg.startswith("~"):
+            continue
+        try:
+            parser.parse_override(arg)
+        except HydraException as error:
+            key = arg.split("=", 1)[0]
+            reason = str(error).split("\n")[0]
+            problems.append(
+                f"{arg}: the value of {key.lstrip('+~')} is not valid override syntax ({reason}): quote it, e.g. {key}='<value>', "
+                "or see https://hydra.cc/docs/advanced/override_grammar/basic"
+            )
+    return problems
 
 
 def unknown_list_choices(args: list[str], conf_dirs: list[Path]) -> list[str]:

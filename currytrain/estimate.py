@@ -26,14 +26,20 @@ class MemoryEstimate:
     gradients: int
     optimizer: int
     activations: int
+    data: int = 0
+    """Bytes of a data source generated in memory (data=synthetic)."""
+    rough: bool = False
+    """num_params is an upper estimate from the size fields (a model too large to build even on the meta device)."""
 
     @property
     def total(self) -> int:
-        return self.weights + self.gradients + self.optimizer + self.activations
+        return self.weights + self.gradients + self.optimizer + self.activations + self.data
 
     def describe(self) -> str:
-        parts = (("weights", self.weights), ("gradients", self.gradients), ("optimizer state", self.optimizer), ("activations", self.activations))
-        return f"{self.total / GiB:,.1f} GiB ({', '.join(f'{name} {size / GiB:,.1f}' for name, size in parts)}; {self.num_params:,} parameters)"
+        parts = [("weights", self.weights), ("gradients", self.gradients), ("optimizer state", self.optimizer), ("activations", self.activations)]
+        parts += [("data", self.data)] if self.data else []
+        count = f"{'about ' if self.rough else ''}{self.num_params:,} parameters"
+        return f"{self.total / GiB:,.1f} GiB ({', '.join(f'{name} {size / GiB:,.1f}' for name, size in parts)}; {count})"
 
 
 def count_parameters(model_cfg: DictConfig) -> int:
@@ -44,10 +50,38 @@ def count_parameters(model_cfg: DictConfig) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def estimate_memory(cfg: DictConfig) -> MemoryEstimate:
-    """Bytes one process needs for the run `cfg` (fp32 weights, gradients and optimizer state)."""
+def rough_parameters(model: DictConfig) -> int | None:
+    """An upper estimate of a decoder's (or classifier's) parameters, RoPE tables included, from its size fields
+    alone; None for a model without them (a project's own). Cheap where building would not be: n_layers=10**11."""
+
+    def size(key: str) -> int:
+        value = model.get(key, 0)
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+    dim, layers = size("dim"), size("n_layers")
+    if not dim or not layers:
+        return None
+    heads, kv_heads = max(1, size("n_heads")), max(1, size("n_kv_heads"))
+    head = size("head_dim") or max(1, dim // heads)
+    attention = dim * head * (heads + 2 * kv_heads) + heads * head * dim
+    mlp = 3 * dim * size("mlp_hidden") + size("num_experts") * (3 * dim * size("expert_hidden") + dim)
+    embeddings = 2 * (size("vocab_size") + size("in_features") + size("num_classes")) * dim
+    return embeddings + layers * (attention + mlp + 2 * dim) + size("max_seq_len") * head
+
+
+def data_bytes(data: DictConfig) -> int:
+    """Bytes a data source generates in memory before training (data=synthetic: its int32 streams)."""
+    num_tokens = data.get("num_tokens", 0)
+    return int(num_tokens * 1.1) * 4 if isinstance(num_tokens, int) and num_tokens > 0 else 0
+
+
+def estimate_memory(cfg: DictConfig, limit: int | None = None) -> MemoryEstimate:
+    """Bytes one process needs for the run `cfg` (fp32 weights, gradients and optimizer state). With `limit`, a
+    model whose rough size (rough_parameters) alone needs more than it is not built, even on the meta device."""
     model, trainer = cfg.model, cfg.trainer
-    num_params = count_parameters(model)
+    rough = rough_parameters(model)
+    too_big = limit is not None and rough is not None and 16 * rough > limit
+    num_params = rough if too_big else count_parameters(model)
     tokens = trainer.batch_size * cfg.data.get("seq_len", 1)  # tables (data=digits) have one row per example
     element = 2 if trainer.precision == "bf16" else 4
     hidden = model.get("expert_hidden", 0) * model.get("top_k", 0) + model.get("mlp_hidden", 0)
@@ -58,7 +92,7 @@ def estimate_memory(cfg: DictConfig) -> MemoryEstimate:
     # A classifier (model=mlp) has num_classes outputs where a decoder has vocab_size.
     activations += tokens * model.get("vocab_size", model.get("num_classes", 0)) * 4 * 3  # logits, their fp32 copy, the loss gradient
     states = OPTIMIZER_STATES.get(cfg.optimizer.get("_target_"), 2)
-    return MemoryEstimate(num_params, 4 * num_params, 4 * num_params, 4 * states * num_params, activations)
+    return MemoryEstimate(num_params, 4 * num_params, 4 * num_params, 4 * states * num_params, activations, data_bytes(cfg.data), too_big)
 
 
 def device_memory(device: str) -> tuple[int, str]:

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from currytrain.diskio import storage_failure
 from currytrain.errors import Aborted, ConfigError, GateFailed, Interrupted, Pruned
 from currytrain.journal import Journal, config_diff
+from currytrain.lock import acquire, holding
 from currytrain.logger.base import record_group
 from currytrain.parallel.dims import launched_world_size
 from currytrain.sweep.group import job_group
@@ -73,9 +74,25 @@ def run(cfg: DictConfig) -> float | None:
     if rank != 0:  # a submitit task of a multi-task job: rank 0 writes the record, this one trains from it
         workers.wait_for_record(run_dir)
         return run_worker(run_dir / RESOLVED)
-    resolved_path = write_run_record(cfg, run_dir, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.cwd))
-    record_group(Journal(run_dir / "journal.jsonl"), job_group(hydra_cfg, run_dir))  # a sweep's trial: the trackers group it
-    return start_workers(cfg, resolved_path)
+    # One lock per run, held by the process that writes its record: a single run took it in validation, before
+    # Hydra wrote into the folder; a multirun's job (a sweep trial) takes it here.
+    lock = holding(run_dir) or acquire(run_dir)
+    try:
+        resolved_path = write_run_record(cfg, run_dir, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.cwd))
+        record_group(Journal(run_dir / "journal.jsonl"), job_group(hydra_cfg, run_dir))  # a sweep's trial: the trackers group it
+        if lock.took_over is not None:
+            journal_takeover(run_dir, lock.took_over)
+        return start_workers(cfg, resolved_path)
+    finally:
+        lock.release()
+
+
+def journal_takeover(run_dir: Path, took_over: dict) -> None:
+    previous = took_over["previous"]
+    logging.getLogger(__name__).warning(
+        "took over the lock of %s from pid %s on %s (started %s): %s", run_dir, previous["pid"], previous["host"], previous["started"], took_over["reason"]
+    )
+    Journal(run_dir / "journal.jsonl").event("lock_takeover", **took_over)
 
 
 def start_workers(cfg: DictConfig, resolved_path: Path) -> float:

@@ -1,8 +1,9 @@
 """Eager validation of a composed config: every problem at once, each naming its key and a fix.
 
-Each option's own checks live beside its config dataclass (a static `check(node, path) -> list[str]`);
-validate() walks the composed tree, runs the checks of every typed node (each class of its schema that
-defines one), rejects keys no schema declares and `_target_`s outside the allowed modules, and adds the
+A field's range is declared with the field (rules.bounded); each option's other checks live beside its config
+dataclass (a static `check(node, path) -> list[str]`). validate() walks the composed tree, checks every typed
+node's fields against their declarations (float fields finite), runs the checks of each class of its schema
+that defines one, rejects keys no schema declares and `_target_`s outside the allowed modules, and adds the
 rules that span groups. It runs as a Hydra callback before the run folder exists, so a rejected config
 writes nothing; the error it raises becomes exit code 2 in launch.py.
 """
@@ -15,20 +16,29 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from currytrain.build import target_problems
 from currytrain.data.base import BYTE_VOCAB
-from currytrain.data.config import DigitsConfig, TabularConfig
+from currytrain.data.config import PROBE_SPECIAL_TOKENS, DigitsConfig, ProbeConfig, TabularConfig
 from currytrain.errors import ConfigError, ConfigRejected, format_problems
+from currytrain.lock import acquire, held_by_another, holding
 from currytrain.model.config import DecoderConfig, GQAConfig, MLPConfig, MoEConfig
 from currytrain.optim.config import AdamWConfig
 from currytrain.parallel.config import ParallelConfig
 from currytrain.parallel.dims import ParallelDims, launched_world_size
 from currytrain.parallel.pipeline import SCHEDULES, even_split, microbatch_problem, stages_per_rank
-from currytrain.rules import divisors
-from currytrain.weights import architecture_mismatch, checkpoint_step, model_node_of, resume_checkpoint, safetensors_problem
+from currytrain.rules import divisors, schema_problems
+from currytrain.weights import (
+    architecture_mismatch,
+    checkpoint_step,
+    model_node_of,
+    optimizer_state_problems,
+    resume_checkpoint,
+    safetensors_problem,
+    saved_config_of,
+)
 
 
 def schema_of(node: DictConfig) -> type | None:
@@ -56,14 +66,20 @@ def _unknown_keys(node: DictConfig, schema: type, path: str) -> list[str]:
 
 
 def check_tree(node: DictConfig, path: str = "") -> list[str]:
-    """The own checks and unknown keys of every typed node in the subtree, parents before children."""
+    """The unknown keys, declared ranges (rules.schema_problems) and own checks of every typed node in the
+    subtree, parents before children."""
     problems: list[str] = []
     schema = schema_of(node)
     if schema is not None:
-        problems += _unknown_keys(node, schema, path)
+        declared = schema_problems(node, schema, path)
+        problems += _unknown_keys(node, schema, path) + declared
         for klass in reversed(schema.__mro__):
             if isinstance(vars(klass).get("check"), staticmethod):  # not RootConfig's `check` group field
-                problems += klass.check(node, path)
+                try:
+                    problems += klass.check(node, path)
+                except (TypeError, ValueError, AttributeError, ArithmeticError):
+                    if not declared:  # a bug of the check itself
+                        raise  # else a value of the wrong kind tripped it, and `declared` names that value
     for key in node.keys():
         child = node._get_node(key)
         if isinstance(child, DictConfig) and not (not path and key == "hydra"):
@@ -80,6 +96,11 @@ def _data_vocab(data: DictConfig) -> tuple[int | None, str]:
         from currytrain.data.tokenizer import tokenizer_vocab_size
 
         return tokenizer_vocab_size(data.tokenizer)[0], f"the vocabulary of data.tokenizer={data.tokenizer}"
+    if "num_symbols" in data and _is(data, ProbeConfig):  # the probe tasks' symbols follow their 3 special tokens
+        return (
+            PROBE_SPECIAL_TOKENS + data.num_symbols,
+            f"the probe tasks' vocabulary ({PROBE_SPECIAL_TOKENS} special tokens + data.num_symbols={data.num_symbols})",
+        )
     return (data.vocab_size if "vocab_size" in data else BYTE_VOCAB), "the data's vocabulary"
 
 
@@ -172,6 +193,9 @@ def _check_run_dir(cfg: DictConfig, run_dir: str | None) -> list[str]:
         return [
             f"trainer.resume={resume} is at step {step}, so trainer.max_steps={cfg.trainer.max_steps} leaves nothing to train: pass trainer.max_steps=<more than {step}>"
         ]
+    saved = saved_config_of(checkpoint)
+    if cfg.trainer.resume_mode == "full" and saved is not None:  # what can be applied is, at the resume (Trainer.maybe_resume)
+        return optimizer_state_problems(saved, {"optimizer": OmegaConf.to_container(cfg.optimizer, resolve=True)}, resume)
     return []
 
 
@@ -343,14 +367,18 @@ def _check_memory(cfg: DictConfig) -> list[str]:
     """Refuse a run that cannot fit, with the estimate (currytrain/estimate.py) and what to change."""
     from currytrain.estimate import GiB, device_memory, estimate_memory
 
-    estimate = estimate_memory(cfg)
     available, where = device_memory(cfg.trainer.device)
+    try:
+        estimate = estimate_memory(cfg, limit=available)
+    except (OverflowError, RuntimeError, TypeError, ValueError, MemoryError) as error:  # sizes beyond what torch can even describe
+        sizes = " / ".join(f"model.{key}={cfg.model[key]}" for key in ("dim", "n_layers", "vocab_size", "mlp_hidden", "max_seq_len") if key in cfg.model)
+        return [f"the model cannot be built at this size ({sizes}: {str(error).splitlines()[0][:200]}): lower the sizes (or choose model/size)"]
     if estimate.total <= available:
         return []
     return [
         f"the run needs about {estimate.describe()}, more than {where} holds ({available / GiB:,.1f} GiB): "
         "lower model.dim / model.n_layers / model.mlp_hidden (or model/size), lower trainer.batch_size "
-        "(raise trainer.grad_accum to keep the batch), or set model.ac=full"
+        "(raise trainer.grad_accum to keep the batch), or set model.ac=full" + (", or lower data.num_tokens" if estimate.data else "")
     ]
 
 
@@ -392,10 +420,10 @@ def parallel_problems(cfg: DictConfig) -> list[str]:
 def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
     """All problems of a composed config (empty when it is good)."""
     try:
-        task = OmegaConf.masked_copy(cfg, [key for key in cfg.keys() if key != "hydra"]) if "hydra" in cfg else cfg
         if mismatch := _check_tables(cfg):  # alone: the other checks read fields (data.seq_len) one side lacks
             return mismatch
-        problems = target_problems(task, extra=cfg.build.allow)
+        allow = cfg.build.allow if isinstance(cfg.build.allow, ListConfig) else []  # not a list: check_tree says so
+        problems = [problem for key in cfg.keys() if key != "hydra" for problem in target_problems(cfg._get_node(key), str(key), extra=allow)]
         problems += check_tree(cfg)
         for check in CROSS_GROUP_CHECKS:
             problems += check(cfg)
@@ -403,7 +431,28 @@ def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         # Sizing builds the model on the meta device: only once every value it reads is known good.
         return problems or _check_memory(cfg)
     except OmegaConfBaseException as error:  # an interpolation that cannot resolve, a missing value
-        return [f"the config cannot be read: {error}"]
+        return unreadable_values(cfg) or [f"{getattr(error, 'full_key', None) or 'the config'} cannot be read: {str(error).splitlines()[0]}"]
+
+
+def unreadable_values(node: Any, path: str = "") -> list[str]:
+    """Every value of the tree (hydra's aside) that cannot be read, with its key: an interpolation naming a key that
+    does not exist, a mandatory value left missing (???)."""
+    problems = []
+    keys = range(len(node)) if isinstance(node, ListConfig) else [key for key in node.keys() if path or key != "hydra"]
+    for key in keys:
+        where = f"{path}[{key}]" if isinstance(node, ListConfig) else f"{path}.{key}" if path else str(key)
+        try:
+            child = node._get_node(key)
+            if isinstance(child, DictConfig | ListConfig) and not child._is_interpolation():
+                problems += unreadable_values(child, where)
+            else:
+                node[key]
+        except MissingMandatoryValue:
+            problems.append(f"{where} has no value (???): pass {where}=<value>")
+        except OmegaConfBaseException as error:
+            value = node._get_node(key)._value() if node._get_node(key) is not None else None
+            problems.append(f"{where}={value} cannot be read ({str(error).splitlines()[0]}): fix the value or the interpolation of {where}")
+    return problems
 
 
 def raise_on_problems(problems: list[str]) -> None:
@@ -413,10 +462,24 @@ def raise_on_problems(problems: list[str]) -> None:
 
 class ValidateCallback(Callback):
     """Hydra callback: reject a bad config before Hydra creates the run folder (ConfigRejected escapes
-    Hydra's handling of callback errors, which would only warn)."""
+    Hydra's handling of callback errors, which would only warn), then hold the run folder (currytrain.lock)
+    before Hydra writes into it; run.run releases it when the run ends."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._reject(validate(config, OmegaConf.select(config, "hydra.run.dir")))
+        run_dir = OmegaConf.select(config, "hydra.run.dir")
+        held = held_by_another(run_dir) if run_dir else None  # first: a folder in use explains the other problems
+        self._reject(([held] if held else []) + validate(config, run_dir))
+        if run_dir:
+            try:
+                acquire(run_dir)
+            except ConfigError as error:  # another process took it since the look above
+                raise ConfigRejected(error) from None
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """The run's job ended without releasing the folder (Hydra failed before the task ran)."""
+        run_dir = OmegaConf.select(config, "hydra.run.dir")
+        if run_dir and (lock := holding(run_dir)) is not None:
+            lock.release()
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._reject(validate(config))

@@ -171,3 +171,83 @@ def safetensors_problem(path: Path) -> str | None:
             f"{path} is truncated or corrupted: its header describes {max(ends, default=0)} bytes of tensors, the file holds {data}; download or write it again"
         )
     return None
+
+
+# ------------------------------------------------------------------------------------- resume with changes
+
+RESUME_MODES = ("full", "weights")
+"""trainer.resume_mode: full (weights, optimizer, schedule, RNG and data position, bit for bit) or weights (the
+model weights only; a fresh optimizer and schedule, the step and tokens seen continue)."""
+RESUME_KEYS = ("trainer.resume", "trainer.resume_mode")
+"""How to resume is not part of what is resumed."""
+OPTIMIZER_STATE = {"build_adamw": "exp_avg, exp_avg_sq", "build_sgd": "momentum_buffer"}
+"""The per-parameter state each built-in optimizer keeps, for the message that refuses to carry it over."""
+
+
+def marker_config(checkpoint: str | Path) -> dict[str, Any] | None:
+    """The resolved run config kept in a checkpoint's marker, or None for a checkpoint saved before it was kept."""
+    return marker_field(checkpoint, "config") or None
+
+
+def saved_config_of(checkpoint: str | Path) -> dict[str, Any] | None:
+    """The resolved run config a checkpoint was saved with: its marker's, else its run folder's resolved.yaml
+    (right until a relaunch rewrites it: validation reads it before that), else None."""
+    if (config := marker_config(checkpoint)) is not None:
+        return config
+    resolved = Path(checkpoint).parent.parent / RESOLVED
+    return OmegaConf.to_container(OmegaConf.load(resolved), resolve=True) if resolved.is_file() else None
+
+
+def marker_field(checkpoint: str | Path, key: str) -> Any:
+    """One field of a checkpoint's marker, or None (absent, or an unreadable marker)."""
+    try:
+        return json.loads((Path(checkpoint) / MARKER).read_text()).get(key)
+    except (ValueError, AttributeError, OSError):
+        return None
+
+
+def saved_tokens(checkpoint: str | Path) -> int | None:
+    """Training tokens seen up to a checkpoint (its marker's count), or None for a checkpoint that predates it."""
+    tokens = marker_field(checkpoint, "tokens")
+    return int(tokens) if tokens is not None else None
+
+
+def config_changes(saved: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """{key: {"checkpoint": value, "now": value}} for every key whose value differs (RESUME_KEYS aside)."""
+    ours, theirs = _flatten(now), _flatten(saved)
+    keys = sorted((set(ours) | set(theirs)) - set(RESUME_KEYS))
+    return {key: {"checkpoint": theirs.get(key), "now": ours.get(key)} for key in keys if ours.get(key) != theirs.get(key)}
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, Mapping):
+        return {prefix: tree}
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def _short(target: Any) -> str:
+    return str(target).rpartition(".")[2]
+
+
+def optimizer_state_problems(saved: Mapping[str, Any], now: Mapping[str, Any], resume: str) -> list[str]:
+    """Why the checkpoint's optimizer state cannot continue in the configured optimizer (another optimizer,
+    or one whose state holds other keys), each with the fix; empty when it can."""
+    before, after = saved.get("optimizer") or {}, now.get("optimizer") or {}
+    weights = "or trainer.resume_mode=weights to keep the model weights and start the optimizer and its schedule afresh"
+    if before.get("_target_") != after.get("_target_"):
+        old = _short(before.get("_target_"))
+        state = f" (its state: {OPTIMIZER_STATE[old]})" if old in OPTIMIZER_STATE else ""
+        option = old.removeprefix("build_")
+        return [
+            f"trainer.resume={resume}: the checkpoint holds the state of optimizer._target_={before.get('_target_')}{state}, and the config builds "
+            f"{after.get('_target_')}, which cannot continue it: pass optimizer={option} to continue as saved, {weights}"
+        ]
+    if "momentum" in before and "momentum" in after and (before["momentum"] == 0) != (after["momentum"] == 0):
+        return [
+            f"trainer.resume={resume}: optimizer.momentum={after['momentum']} where the checkpoint has {before['momentum']}: SGD keeps a "
+            f"momentum_buffer only when momentum is not 0, so the saved state has other keys: pass optimizer.momentum={before['momentum']}, {weights}"
+        ]
+    return []

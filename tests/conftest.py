@@ -12,11 +12,22 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
+from hypothesis import HealthCheck, Phase, settings
 
 from currytrain.config import register_configs
 
 ROOT = Path(__file__).resolve().parents[1]
+FUZZ_CASES = int(os.environ.get("CURRYTRAIN_FUZZ_CASES", "500"))
+"""Cases of the config fuzz test in `make test` (the `ci` hypothesis profile)."""
 CONF = ROOT / "conf"
+
+# Hypothesis profiles (tests/reliability/test_fuzz_config.py): `ci`, the default, derandomised so that every run of
+# `make test` draws the same cases; `long` (--hypothesis-profile=long) for a nightly job.
+# No shrinking: a failing case is printed as drawn (shrinking re-composes configs for minutes).
+FUZZ_SETTINGS = {"derandomize": True, "deadline": None, "database": None, "suppress_health_check": list(HealthCheck), "phases": [Phase.generate]}
+settings.register_profile("ci", max_examples=FUZZ_CASES, **FUZZ_SETTINGS)
+settings.register_profile("long", max_examples=5000, **FUZZ_SETTINGS)
+settings.load_profile("ci")
 
 # Small enough that a run of a few steps takes about a second on one CPU core.
 TINY = [
@@ -121,6 +132,19 @@ A test that tries is skipped there, so the tier needs no hand-kept list; `make t
 def _starts_python(args) -> bool:
     program = Path(str(args[0] if isinstance(args, list | tuple) else str(args).split()[0]))
     return program.name.startswith("python") or program.parent == Path(sys.executable).parent
+
+
+LOAD_TESTS = os.environ.get("CURRYTRAIN_LOAD_TESTS") == "1"
+"""The load tests (10,000 steps logged at full speed, a 50-trial sweep) take minutes: `make reliability` sets it."""
+
+
+def pytest_collection_modifyitems(config, items):
+    if LOAD_TESTS:
+        return
+    skip = pytest.mark.skip(reason="a load test (minutes): make reliability runs it, or CURRYTRAIN_LOAD_TESTS=1")
+    for item in items:
+        if item.get_closest_marker("load") is not None:
+            item.add_marker(skip)
 
 
 def pytest_configure(config):

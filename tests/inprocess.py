@@ -3,7 +3,7 @@ command (launch.py's `main` through currytrain.app.run_app), without paying a ne
 and Hydra's start-up for every run.
 
 What a process owns is saved and restored around each run: sys.argv, the working directory, the environment,
-signal handlers, logging handlers, warning filters, torch's thread count and default dtype, Hydra's global
+signal handlers, run-folder locks (currytrain.lock), logging handlers, warning filters, torch's thread count and default dtype, Hydra's global
 state, and the app's record of this process's outcomes. stdout and stderr are captured as text, so a test
 reads `returncode`, `stdout` and `stderr` exactly as from subprocess.run. Runs that need a process of their own
 (several workers, multiruns, a changed environment) go through conftest.launch_subprocess instead.
@@ -45,7 +45,7 @@ def launch_module() -> ModuleType:
 @contextlib.contextmanager
 def process_state(argv: list[str]) -> Iterator[None]:
     """A fresh command's view of the process inside the block, the test's own restored after it."""
-    from currytrain import app
+    from currytrain import app, lock
 
     saved_argv, saved_cwd, saved_env = sys.argv[:], os.getcwd(), dict(os.environ)
     saved_signals = {signum: signal.getsignal(signum) for signum in SIGNALS}
@@ -64,6 +64,9 @@ def process_state(argv: list[str]) -> Iterator[None]:
             yield
     finally:
         app.quick_exit = quick_exit
+        for held in list(lock._HELD.values()):  # the kernel drops a dead process's run-folder locks
+            held.count = 1
+            held.release()
         GlobalHydra.instance().clear()
         for handler in root.handlers:
             if handler not in saved_handlers:

@@ -13,7 +13,7 @@ from conftest import ROOT, TINY, launch
 BAD_CONFIGS = [
     # (overrides, text every message must contain)
     (["model=nope"], ["Could not find 'model/nope'", "gqa"]),
-    (["optimizer.lr=-1"], ["optimizer.lr=-1.0", "must be a finite number > 0"]),
+    (["optimizer.lr=-1"], ["optimizer.lr=-1.0 must be > 0"]),
     (["optimizer.lrr=0.1"], ["optimizer.lrr", "Key 'lrr' not in 'AdamWConfig'"]),
     (["optimizer.lr=fast"], ["optimizer.lr", "could not be converted to Float"]),
     (["model.n_kv_heads=3"], ["model.n_kv_heads=3 does not divide model.n_heads=2", "choose model.n_kv_heads in [1, 2]"]),
@@ -64,6 +64,34 @@ BAD_CONFIGS = [
     (["sweep=nope"], ["Could not find 'sweep/nope'", "tpe"]),
     (["hydra/launcher=nope"], ["Could not find 'hydra/launcher/nope'", "slurm"]),
     (["logger=[tensorboard,nope]"], ["logger has no option 'nope': choose from ['aim', 'jsonl', 'mlflow', 'tensorboard', 'wandb']"]),
+    # Found by the config fuzz (tests/reliability/test_fuzz_config.py): each exited 1 or named no key before.
+    (["optimizer.betas=[0.9,0.95"], ["optimizer.betas=[0.9,0.95: the value of optimizer.betas is not valid override syntax"]),
+    (["model.dim=${nope}"], ["model.dim=${nope} cannot be read (Interpolation key 'nope' not found)"]),
+    (["model.max_seq_len=1000000000"], ["the run needs about", "about 16,000,025,664 parameters), more than"]),
+    (["model.n_layers=100000000000"], ["the run needs about", "about 928,000,000,01"]),
+    (["model.dim=1000000000000000000000000000000"], ["the run needs about", "lower model.dim"]),
+    (["data=synthetic", "data.num_tokens=1000000000000"], ["data 4,097.8", "lower data.num_tokens"]),
+    (["data=probe", "data.num_symbols=1000"], ["model.vocab_size=256 is smaller than the probe tasks' vocabulary (3 special tokens + data.num_symbols=1000)"]),
+    (["model.init_std=1e300"], ["model.init_std=1e+300 is beyond float32's range"]),
+    (["optimizer.lr=1e300"], ["optimizer.lr=1e+300 is beyond float32's range"]),
+    # Non-finite values, refused by the schema layer for every float field (rules.schema_problems).
+    (["model.init_std=inf"], ["model.init_std=inf must be a finite number > 0: pass model.init_std=0.02"]),
+    (["model.init_std=nan"], ["model.init_std=nan must be a finite number > 0"]),
+    (["optimizer.lr=inf"], ["optimizer.lr=inf must be a finite number > 0"]),
+    (["trainer.grad_clip=-inf"], ["trainer.grad_clip=-inf must be a finite number >= 0"]),
+    (["optimizer.betas=[0.9,nan]"], ["optimizer.betas=[0.9,nan] must be a finite number in [0, 1)"]),
+    (["abort.max_seconds=inf"], ["abort.max_seconds=inf must be a finite number >= 0"]),
+    (["parallel.hang_timeout=nan"], ["parallel.hang_timeout=nan must be a finite number >= 0"]),
+    (["seed=-1"], ["seed=-1 must be in [0, 2**63)"]),
+    # The fields the HF families added (issue 33) declare their ranges the same way.
+    (["model.attn_softcap=inf"], ["model.attn_softcap=inf must be a finite number >= 0: pass model.attn_softcap=0.0"]),
+    (["model.rope_dim=-2"], ["model.rope_dim=-2 must be >= 0: pass model.rope_dim=0"]),
+    (["model=moe", "model.router_groups=0"], ["model.router_groups=0 must be >= 1: pass model.router_groups=1"]),
+    (["model=moe", "model.dense_layers=[-1]"], ["model.dense_layers=[-1] must be each entry >= 0"]),
+    (
+        ["logger=[jsonl]", "logger.jsonl.filename=../../escaped.jsonl"],
+        ["logger.jsonl.filename='../../escaped.jsonl' must name a file or folder inside the run folder"],
+    ),
 ]
 
 

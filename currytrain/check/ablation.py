@@ -53,8 +53,7 @@ def ablation_finding(idea: list[str], base: list[SubRun], arm: list[SubRun], ful
     a, b = [run.val_loss for run in base], [run.val_loss for run in arm]
     found = verdict(a, b, " ".join(idea))
     observed = (
-        f"{' '.join(idea)}: {found.word}, {found.numbers} (idea {_mean(b):.4f} vs baseline {_mean(a):.4f}); "
-        f"a full run costs ~{full_seconds / 60:.1f} min here"
+        f"{' '.join(idea)}: {found.word}, {found.numbers} (idea {_mean(b):.4f} vs baseline {_mean(a):.4f}); a full run costs ~{full_seconds / 60:.1f} min here"
     )
     if found.word == WORSE:
         return Finding("ablation", Status.FAILED, observed, expected, "the idea is worse than the baseline at this budget", "drop or rethink the idea")

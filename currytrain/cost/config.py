@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from currytrain.rules import at_least, one_of, positive
+from currytrain.rules import bounded, one_of
 
 DEVICES = ("cpu", "cuda")
 
@@ -20,23 +20,18 @@ class CostConfig:
     """What the report calls it."""
     device: str = "cuda"
     """cpu or cuda: when this kind of device is present here, the step time is measured on it instead of assumed."""
-    peak_flops: float = 989e12
+    peak_flops: float = bounded(989e12, gt=0)
     """Dense peak FLOP/s of one device at the run's precision (H100 SXM bf16: 989e12)."""
     measure: bool = True
     """Measure the step time when a device of this kind is present here; false always assumes mfu (pass it when
     the GPU here is not the one priced)."""
-    mfu: float = 0.4
+    mfu: float = bounded(0.4, gt=0, le=1)
     """Model FLOPs utilisation assumed when the device is not present to measure (0.3-0.5 is typical for LLMs)."""
-    price_per_hour: float = 3.0
+    price_per_hour: float = bounded(3.0, ge=0)
     """Money per device-hour (USD)."""
-    num_devices: int = 1
+    num_devices: int = bounded(1, ge=1)
     """Devices the run uses; the time divides by it (perfect scaling assumed), the device-hours do not."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
-        problems = one_of(node, path, "device", DEVICES) + positive(node, path, "peak_flops", 989e12) + at_least(node, path, ("num_devices",))
-        if not 0 < node.mfu <= 1:
-            problems.append(f"{path}.mfu={node.mfu} must be in (0, 1]: pass {path}.mfu=0.4")
-        if not node.price_per_hour >= 0:
-            problems.append(f"{path}.price_per_hour={node.price_per_hour} must be >= 0: pass {path}.price_per_hour=3.0")
-        return problems
+        return one_of(node, path, "device", DEVICES)

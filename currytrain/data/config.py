@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from currytrain.rules import at_least, one_of
+from currytrain.rules import bounded, one_of
 
 
 @dataclass
@@ -13,24 +13,15 @@ class ByteCorpusConfig:
     """Fields of every byte-level corpus (vocab 256, split into train/val by file)."""
 
     _target_: str = "???"
-    seq_len: int = "${model.max_seq_len}"  # type: ignore[assignment]
+    seq_len: int = bounded("${model.max_seq_len}", ge=1, example=128)
     """Tokens per training sequence (bytes)."""
-    val_fraction: float = 0.1
+    val_fraction: float = bounded(0.1, gt=0, lt=1)
     """Share of the files (not bytes) held out for validation, chosen before any processing;
     a single file is split at that byte offset instead."""
-    max_bytes: int = 0
+    max_bytes: int = bounded(0, ge=0)
     """Cap on the bytes read (train and val share it in proportion); 0 reads everything."""
-    seed: int = "${seed}"  # type: ignore[assignment]
+    seed: int = bounded("${seed}", ge=0, lt=2**63, example=0)
     """Seed of the file split and of batch sampling."""
-
-    @staticmethod
-    def check(node: Any, path: str) -> list[str]:
-        problems = at_least(node, path, ("seq_len",))
-        if not 0 < node.val_fraction < 1:
-            problems.append(f"{path}.val_fraction={node.val_fraction} must be in (0, 1): pass {path}.val_fraction=0.1")
-        if not node.max_bytes >= 0:
-            problems.append(f"{path}.max_bytes={node.max_bytes} must be >= 0 (0 reads everything): pass {path}.max_bytes=0")
-        return problems
 
 
 @dataclass
@@ -73,18 +64,18 @@ class SyntheticConfig:
     """Uniform random tokens: no signal to learn, for throughput benchmarks."""
 
     _target_: str = "currytrain.data.corpus.SyntheticTokens"
-    vocab_size: int = 256
+    vocab_size: int = bounded(256, ge=1)
     """Token ids are drawn uniformly from [0, vocab_size)."""
-    seq_len: int = "${model.max_seq_len}"  # type: ignore[assignment]
+    seq_len: int = bounded("${model.max_seq_len}", ge=1, example=128)
     """Tokens per training sequence."""
-    num_tokens: int = 1_000_000
+    num_tokens: int = bounded(1_000_000, ge=1)
     """Length of the generated token stream (train); val gets a tenth of it."""
-    seed: int = "${seed}"  # type: ignore[assignment]
+    seed: int = bounded("${seed}", ge=0, lt=2**63, example=0)
     """Seed of the generated stream and of batch sampling."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
-        problems = at_least(node, path, ("seq_len", "vocab_size"))
+        problems = []
         if node.num_tokens <= node.seq_len + 1:
             problems.append(f"{path}.num_tokens={node.num_tokens} must exceed {path}.seq_len + 1 = {node.seq_len + 1}: pass {path}.num_tokens=1000000")
         return problems
@@ -113,11 +104,11 @@ class TokensConfig:
     tokenizer.json, nothing if there is none), none, or a token string of the vocabulary."""
     cache_dir: str = "runs/token_cache"
     """Folder of the token caches, one subfolder per (tokenizer, files, documents, EOS) hash; reused across runs."""
-    seq_len: int = "${model.max_seq_len}"  # type: ignore[assignment]
+    seq_len: int = bounded("${model.max_seq_len}", ge=1, example=128)
     """Tokens per training sequence."""
-    val_fraction: float = 0.1
+    val_fraction: float = bounded(0.1, gt=0, lt=1)
     """Share of the documents held out for validation (at least one)."""
-    seed: int = "${seed}"  # type: ignore[assignment]
+    seed: int = bounded("${seed}", ge=0, lt=2**63, example=0)
     """Seed of the document split and of batch sampling."""
 
     @staticmethod
@@ -126,13 +117,15 @@ class TokensConfig:
         from currytrain.data.files import find_text_files
         from currytrain.data.tokenizer import find_tokenizer
 
-        problems = at_least(node, path, ("seq_len",))
-        if not 0 < node.val_fraction < 1:
-            problems.append(f"{path}.val_fraction={node.val_fraction} must be in (0, 1): pass {path}.val_fraction=0.1")
+        problems = []
         if node.documents not in ("file", "paragraph"):
             problems.append(f"{path}.documents={node.documents} is not one of ['file', 'paragraph']: pass {path}.documents=file")
         _, problem = find_tokenizer(node.tokenizer)
         return problems + ([problem] if problem else []) + find_text_files(node.paths, node.suffixes)[1]
+
+
+PROBE_SPECIAL_TOKENS = 3
+"""Token ids the probe tasks reserve (separator, query, noise) before their symbols: vocabulary = 3 + num_symbols."""
 
 
 @dataclass
@@ -142,19 +135,18 @@ class ProbeConfig:
     _target_: str = "currytrain.data.probe.ProbeTasks"
     task: str = "induction"
     """copy, recall (associative), induction, parity or selective_copy (currytrain/data/probe.py shows each layout)."""
-    seq_len: int = "${model.max_seq_len}"  # type: ignore[assignment]
+    seq_len: int = bounded("${model.max_seq_len}", ge=8, example=32)
     """Tokens per sequence (shorter task layouts are left-padded with the noise token)."""
-    num_symbols: int = 16
+    num_symbols: int = bounded(16, ge=2)
     """Alphabet of the task's content (token ids 3 .. 3 + num_symbols - 1; 0-2 are separator, query, noise)."""
-    seed: int = "${seed}"  # type: ignore[assignment]
+    seed: int = bounded("${seed}", ge=0, lt=2**63, example=0)
     """Seed of every generated sequence."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
         from currytrain.data.probe import TASKS
 
-        problems = one_of(node, path, "task", TASKS, "induction") + at_least(node, path, ("num_symbols",), minimum=2)
-        return problems + at_least(node, path, ("seq_len",), minimum=8)
+        return one_of(node, path, "task", TASKS, "induction")
 
 
 @dataclass
@@ -162,24 +154,23 @@ class TabularConfig:
     """Fields of every table of features and class labels (the leakage-safe pipeline, docs/data.md)."""
 
     _target_: str = "???"
-    val_fraction: float = 0.2
+    val_fraction: float = bounded(0.2, gt=0, lt=1)
     """Share of the rows (of the groups with split=grouped, of the distinct timestamps with split=temporal)
     held out for validation, chosen before any preprocessing."""
-    test_fraction: float = 0.0
+    test_fraction: float = bounded(0.0, ge=0, lt=1)
     """Share held out for a test split the training never reads; 0 keeps none."""
     normalize: bool = True
     """Standardise each feature (scikit-learn's StandardScaler) with statistics of the train rows only."""
-    seed: int = "${seed}"  # type: ignore[assignment]
+    seed: int = bounded("${seed}", ge=0, lt=2**63, example=0)
     """Seed of the split and of batch sampling."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
-        problems = []
-        if not 0 < node.val_fraction < 1:
-            problems.append(f"{path}.val_fraction={node.val_fraction} must be in (0, 1): pass {path}.val_fraction=0.2")
-        if not 0 <= node.test_fraction < 1 or not node.val_fraction + node.test_fraction < 1:
-            problems.append(f"{path}.test_fraction={node.test_fraction} must be in [0, 1) and leave rows for train: pass {path}.test_fraction=0")
-        return problems
+        if not node.val_fraction + node.test_fraction < 1:
+            return [
+                f"{path}.test_fraction={node.test_fraction} with {path}.val_fraction={node.val_fraction} leaves no rows for train: pass {path}.test_fraction=0"
+            ]
+        return []
 
 
 @dataclass

@@ -18,8 +18,10 @@ from __future__ import annotations
 import torch
 
 from currytrain.data.base import stable_seed
+from currytrain.data.config import PROBE_SPECIAL_TOKENS
 
-SEP, QUERY, NOISE, FIRST_SYMBOL = 0, 1, 2, 3
+SEP, QUERY, NOISE = 0, 1, 2
+FIRST_SYMBOL = PROBE_SPECIAL_TOKENS
 IGNORE = -100
 """Target of the positions that are not answers (torch's cross_entropy ignore_index)."""
 TASKS = ("copy", "recall", "induction", "parity", "selective_copy")

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
+from currytrain.rules import bounded, inside_run_folder
+
 
 @dataclass
 class TensorBoardConfig:
@@ -16,8 +18,12 @@ class TensorBoardConfig:
     _target_: str = "currytrain.logger.tensorboard.TensorBoardLogger"
     subdir: str = "tb"
     """Folder inside the run folder for event files."""
-    flush_secs: int = 30
+    flush_secs: int = bounded(30, ge=1)
     """How often the writer flushes to disk (seconds)."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        return inside_run_folder(node, path, "subdir", "tb")
 
 
 @dataclass
@@ -27,6 +33,10 @@ class JsonlConfig:
     _target_: str = "currytrain.logger.jsonl.JsonlLogger"
     filename: str = "metrics.jsonl"
     """File inside the run folder."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        return inside_run_folder(node, path, "filename", "metrics.jsonl")
 
 
 def _extra_problems(module: str, extra: str, path: str) -> list[str]:

@@ -55,7 +55,17 @@ def param_text(value: Any) -> str:
     return json.dumps(value, default=str)[:MAX_PARAM_CHARS]
 
 
+BATCH_METRICS = 1000
+"""MLflow's limit on the metrics of one log_batch call."""
+FLUSH_SECONDS = 2.0
+"""Metrics are written to the store in batches, at least this often, whenever BATCH_METRICS are waiting and when
+the run ends: MLflow's SQLite store takes a transaction and about half a millisecond of Python per metric."""
+
+
 class MLflowLogger:
+    deferred = True
+    """MultiLogger calls it from its logging thread, off the training loop (logger.base)."""
+
     def __init__(self, run_dir: str, tracking_uri: str = "", experiment: str = "currytrain", run_name: str = "", log_model: bool = False):
         from mlflow.tracking import MlflowClient  # optional extra, imported only when chosen
 
@@ -77,6 +87,8 @@ class MLflowLogger:
         name = run_name or (self.group.run_name(self.run_dir) if self.group else self.run_dir.name)
         self.run_id = self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
         self.group_params = {param_key(key): param_text(value) for key, value in (self.group.params if self.group else {}).items()}
+        self.pending: list[Any] = []
+        self.flushed = time.monotonic()
         self._log_params(self.group_params)
 
     def _parent(self, group: RunGroup) -> str:
@@ -105,7 +117,15 @@ class MLflowLogger:
         from mlflow.entities import Metric
 
         stamp = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(name, float(value), stamp, step) for name, value in metrics.items()])
+        self.pending += [Metric(name, float(value), stamp, step) for name, value in metrics.items()]
+        if len(self.pending) >= BATCH_METRICS or time.monotonic() - self.flushed > FLUSH_SECONDS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the metrics logged since the last flush, in batches of MLflow's size."""
+        pending, self.pending, self.flushed = self.pending, [], time.monotonic()
+        for start in range(0, len(pending), BATCH_METRICS):
+            self.client.log_batch(self.run_id, metrics=pending[start : start + BATCH_METRICS])
 
     def log_config(self, config: Mapping) -> None:
         """The config, flattened, as params; a key the group params already hold (a sampled value) keeps theirs."""
@@ -118,11 +138,14 @@ class MLflowLogger:
         pass  # MLflow has no histogram view
 
     def close(self, status: str = "finished") -> None:
-        if self.log_model and status == "finished" and not (self.group and self.group.stage):  # a ladder's sub-run keeps no checkpoint
-            self._log_model()
-        if self.parent_id is not None:
-            self.client.set_tag(self.run_id, "currytrain.state", status.upper())
-        self.client.set_terminated(self.run_id, status=STATUSES.get(status, "FAILED"))
+        try:
+            self.flush()  # the metrics still waiting, before the run's state changes
+            if self.log_model and status == "finished" and not (self.group and self.group.stage):  # a ladder's sub-run keeps no checkpoint
+                self._log_model()
+            if self.parent_id is not None:
+                self.client.set_tag(self.run_id, "currytrain.state", status.upper())
+        finally:
+            self.client.set_terminated(self.run_id, status=STATUSES.get(status, "FAILED"))
         if self.parent_id is not None and self.group.kind != "ladder":
             self._settle_parent()
 

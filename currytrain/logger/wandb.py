@@ -22,6 +22,9 @@ MAX_GROUP_CHARS = 128
 
 
 class WandbLogger:
+    deferred = True
+    """MultiLogger calls it from its logging thread, off the training loop (logger.base)."""
+
     def __init__(self, run_dir: str, project: str = "currytrain", entity: str = "", mode: str = "offline", run_name: str = ""):
         import wandb  # optional extra, imported only when chosen
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from currytrain.rules import at_least, divisors, one_of, positive
+from currytrain.rules import bounded, divisors, one_of
 
 AC_MODES = ("none", "full", "selective")
 """Activation-checkpointing modes (model.ac); parallelize_decoder implements each."""
@@ -28,44 +28,41 @@ class ModelConfig:
     ac_policy: str = "block"
     """With ac=selective: block (recompute every ac_every-th block whole, keep the others) or op (in every
     block keep the matmul and attention outputs, recompute the cheap elementwise ops and norms)."""
-    ac_every: int = 2
+    ac_every: int = bounded(2, ge=1)
     """With ac=selective and ac_policy=block: checkpoint blocks 0, k, 2k, ... of model.layers
     (1 checkpoints all of them, like ac=full)."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
         """Activation-checkpointing fields."""
-        problems = one_of(node, path, "ac", AC_MODES, fix="full") + one_of(node, path, "ac_policy", AC_POLICIES)
-        if not node.ac_every >= 1:
-            problems.append(f"{path}.ac_every={node.ac_every} must be >= 1 (checkpoint every k-th block): pass {path}.ac_every=2")
-        return problems
+        return one_of(node, path, "ac", AC_MODES, fix="full") + one_of(node, path, "ac_policy", AC_POLICIES)
 
 
 @dataclass
 class DecoderConfig(ModelConfig):
     """Fields every decoder family shares; model/size/*.yaml sets them. Families subclass it."""
 
-    vocab_size: int = 256
+    vocab_size: int = bounded(256, ge=1)
     """Number of token ids the embedding covers; must be >= the data's vocabulary."""
-    dim: int = 128
+    dim: int = bounded(128, ge=1)
     """Width of the residual stream."""
-    n_layers: int = 4
+    n_layers: int = bounded(4, ge=1)
     """Number of transformer blocks."""
-    n_heads: int = 4
+    n_heads: int = bounded(4, ge=1)
     """Query heads per attention layer; must divide dim."""
-    n_kv_heads: int = 2
+    n_kv_heads: int = bounded(2, ge=1)
     """Key/value heads; must divide n_heads (== n_heads is plain multi-head attention, 1 is MQA)."""
-    mlp_hidden: int = 384
+    mlp_hidden: int = bounded(384, ge=1)
     """Hidden width of the SwiGLU MLP."""
-    max_seq_len: int = 128
+    max_seq_len: int = bounded(128, ge=1)
     """Longest sequence the RoPE tables cover (tokens)."""
-    rope_theta: float = 10000.0
+    rope_theta: float = bounded(10000.0, gt=0)
     """RoPE base frequency."""
-    norm_eps: float = 1e-5
+    norm_eps: float = bounded(1e-5, gt=0)
     """RMSNorm epsilon."""
     tie_embeddings: bool = False
     """Share the token embedding with the output projection."""
-    init_std: float = 0.02
+    init_std: float = bounded(0.02, gt=0)
     """Std of the normal init of linear and embedding weights (at mup_base_width when mup=true)."""
     mup: bool = False
     """Maximal update parameterisation (muP): hidden matrices start with std init_std*sqrt(base/width) and
@@ -73,19 +70,13 @@ class DecoderConfig(ModelConfig):
     sqrt(base/width)/sqrt(head_dim), i.e. 1/head_dim as width grows (width=dim, base=mup_base_width).
     At dim == mup_base_width the model and its training equal mup=false, so hyperparameters tuned there
     transfer to wider models. Assumes widths vary at fixed n_heads/n_kv_heads and mlp_hidden/dim."""
-    mup_base_width: int = 128
+    mup_base_width: int = bounded(128, ge=1, example="{dim}")
     """With mup=true: the dim at which hyperparameters (lr, init_std) were tuned."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
-        """Sizes, init and muP fields every decoder family has."""
-        problems = at_least(node, path, ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden", "max_seq_len"))
-        problems += positive(node, path, "init_std", 0.02) + positive(node, path, "norm_eps", 1e-5)
-        if not node.mup_base_width >= 1:
-            problems.append(
-                f"{path}.mup_base_width={node.mup_base_width} must be >= 1: pass the {path}.dim hyperparameters were tuned at, "
-                f"e.g. {path}.mup_base_width={max(1, node.dim)}"
-            )
+        """How the head counts divide the width and each other (the fields' ranges are declared with them)."""
+        problems: list[str] = []
         if node.n_heads < 1 or node.n_kv_heads < 1 or node.dim < 1:
             return problems
         if node.dim % node.n_heads and not node.get("head_dim", 0):
@@ -120,13 +111,8 @@ def rotated_size(node: Any) -> int:
     return node.rope_dim if node.get("rope_dim", 0) else head_size(node)
 
 
-def _non_negative(node: Any, path: str, keys: tuple[str, ...]) -> list[str]:
-    """Every key that is negative or NaN (0 is each one's default, 'off')."""
-    return [f"{path}.{key}={node[key]} must be >= 0 (0 turns it off): pass {path}.{key}=0" for key in keys if not node[key] >= 0]
-
-
 def _longrope_problems(node: Any, path: str) -> list[str]:
-    """rope_scaling=longrope needs a short and a long factor per rotated channel pair, each > 0."""
+    """rope_scaling=longrope needs a short and a long factor per rotated channel pair (each > 0: declared with them)."""
     if node.rope_scaling != "longrope":
         return []
     pairs, problems = rotated_size(node) // 2, []
@@ -134,10 +120,6 @@ def _longrope_problems(node: Any, path: str) -> list[str]:
         factors = list(node[key])
         if len(factors) != pairs:
             problems.append(f"{path}.{key} has {len(factors)} entries, rope_scaling=longrope needs one per rotated channel pair: pass {pairs} numbers")
-        elif not all(f > 0 for f in factors):
-            problems.append(f"{path}.{key}={factors} must hold numbers > 0 (what each pair's frequency is divided by)")
-    if not node.rope_attention_factor >= 0:
-        problems.append(f"{path}.rope_attention_factor={node.rope_attention_factor} must be >= 0 (0 derives it): pass {path}.rope_attention_factor=0")
     return problems
 
 
@@ -145,7 +127,6 @@ def _block_problems(node: Any, path: str) -> list[str]:
     """Norm placement, activation, scales and soft-caps, the layer pattern and the rotated width."""
     problems = one_of(node, path, "norm_position", NORM_POSITIONS) + one_of(node, path, "qk_norm_scope", QK_NORM_SCOPES)
     problems += one_of(node, path, "mlp_activation", MLP_ACTIVATIONS)
-    problems += _non_negative(node, path, ("attn_scale", "attn_softcap", "logit_softcap", "rope_local_theta", "rope_dim"))
     if node.mup and node.attn_scale > 0:
         problems.append(f"{path}.attn_scale={node.attn_scale} and {path}.mup=true both set the attention scale: pass {path}.attn_scale=0 (or {path}.mup=false)")
     types = list(node.layer_types)
@@ -164,7 +145,7 @@ def _block_problems(node: Any, path: str) -> list[str]:
 
 def _latent_problems(node: Any, path: str) -> list[str]:
     """Multi-head latent attention (kv_lora_rank > 0): a decoupled RoPE part narrower than the head, one kv head per query head."""
-    problems = _non_negative(node, path, ("kv_lora_rank", "q_lora_rank", "v_head_dim"))
+    problems: list[str] = []
     if not node.kv_lora_rank > 0:
         return problems
     rope_dim = node.rope_dim
@@ -189,7 +170,7 @@ def _latent_problems(node: Any, path: str) -> list[str]:
 class RopeDecoderConfig(DecoderConfig):
     """The fields of the decoders whose attention rotates queries and keys (RoPE): gqa and moe."""
 
-    head_dim: int = 0
+    head_dim: int = bounded(0, ge=0)
     """Width of each attention head; 0 derives it as dim/n_heads. Set it when a checkpoint's heads are wider
     or narrower than that (Qwen3-0.6B: dim 1024, 16 heads of 128); q/k/v project dim -> n_heads*head_dim."""
     rope_scaling: str = "none"
@@ -197,24 +178,24 @@ class RopeDecoderConfig(DecoderConfig):
     (Llama 3.1+: low frequencies / rope_factor, high ones kept, a smooth ramp between) or yarn (Qwen2.5/3
     long context, DeepSeek: the same idea with the ramp set by rotation counts, plus an attention temperature)
     or dynamic (NTK: unscaled up to rope_original_max_seq_len, a longer input raises theta with its length)."""
-    rope_factor: float = 1.0
+    rope_factor: float = bounded(1.0, gt=0, example=8.0)
     """With rope_scaling=linear|llama3|yarn: how much the context is stretched (Llama 3.1: 8, Llama 3.2: 32)."""
-    rope_low_freq_factor: float = 1.0
+    rope_low_freq_factor: float = bounded(1.0, gt=0)
     """With rope_scaling=llama3: wavelengths above rope_original_max_seq_len/this are divided by rope_factor."""
-    rope_high_freq_factor: float = 4.0
+    rope_high_freq_factor: float = bounded(4.0, gt=0)
     """With rope_scaling=llama3: wavelengths below rope_original_max_seq_len/this are kept; must exceed the low one."""
-    rope_original_max_seq_len: int = 8192
+    rope_original_max_seq_len: int = bounded(8192, ge=1)
     """With rope_scaling=llama3|yarn|dynamic: the context length (tokens) the model was pretrained at before scaling."""
-    rope_beta_fast: float = 32.0
+    rope_beta_fast: float = bounded(32.0, gt=0)
     """With rope_scaling=yarn: channel pairs turning more than this many times over rope_original_max_seq_len keep their frequency."""
-    rope_beta_slow: float = 1.0
+    rope_beta_slow: float = bounded(1.0, gt=0)
     """With rope_scaling=yarn: pairs turning fewer times than this are interpolated by rope_factor (a ramp between)."""
-    rope_attention_factor: float = 0.0
+    rope_attention_factor: float = bounded(0.0, ge=0)
     """With rope_scaling=yarn: what cos and sin are multiplied by (sharper attention at long range);
     0 derives 0.1 * ln(rope_factor) + 1."""
     rope_truncate: bool = True
     """With rope_scaling=yarn: round the ramp's ends to whole pairs (transformers' default; gpt-oss sets false)."""
-    sliding_window: int = 0
+    sliding_window: int = bounded(0, ge=0)
     """Each token attends to itself and the sliding_window - 1 tokens before it (Mistral v0.1: every layer;
     with layer_types: the sliding layers only); 0 attends over the whole causal context."""
     layer_types: list[str] = field(default_factory=list)
@@ -222,15 +203,15 @@ class RopeDecoderConfig(DecoderConfig):
     e.g. [sliding, full] alternates (Gemma 2), five sliding then one full (Gemma 3), or one entry per layer
     (Qwen2's max_window_layers); entries beyond n_layers are unused (a shallower model keeps its pattern).
     Empty: every layer is sliding when sliding_window > 0, else full."""
-    rope_local_theta: float = 0.0
+    rope_local_theta: float = bounded(0.0, ge=0)
     """RoPE base of the sliding layers (Gemma 3's local layers, unscaled); 0 rotates them like the full layers."""
-    rope_dim: int = 0
+    rope_dim: int = bounded(0, ge=0)
     """Channels of each query/key head that RoPE rotates, the first ones (partial rotary: Phi-3 variants; with
     kv_lora_rank: the decoupled RoPE part of each head); 0 rotates all head_dim channels. Even."""
-    rope_short_factor: list[float] = field(default_factory=list)
+    rope_short_factor: list[float] = bounded(default_factory=list, gt=0)
     """With rope_scaling=longrope (Phi-3 128k): per channel pair, what the frequency is divided by for inputs up to
     rope_original_max_seq_len tokens (rope_dim/2 or head_dim/2 entries)."""
-    rope_long_factor: list[float] = field(default_factory=list)
+    rope_long_factor: list[float] = bounded(default_factory=list, gt=0)
     """With rope_scaling=longrope: the same for longer inputs (every position of such an input uses it)."""
     qkv_bias: bool = False
     """Give the query/key/value projections a bias (Qwen2); the output projection never has one."""
@@ -249,49 +230,38 @@ class RopeDecoderConfig(DecoderConfig):
     approximation, Gemma) or gelu (GeGLU, exact erf)."""
     scale_embeddings: bool = False
     """Multiply the token embeddings by sqrt(dim) (Gemma); the readout of a tied head is not scaled."""
-    attn_scale: float = 0.0
+    attn_scale: float = bounded(0.0, ge=0)
     """What q.k is multiplied by before the softmax; 0 is 1/sqrt(head_dim) (muP's own scale with mup=true).
     Gemma: query_pre_attn_scalar**-0.5; DeepSeek with YaRN: includes mscale_all_dim's temperature. >= 0."""
-    attn_softcap: float = 0.0
+    attn_softcap: float = bounded(0.0, ge=0)
     """Soft-capping of the attention scores: cap * tanh(scores / cap) before the mask and softmax (Gemma 2: 50);
     0 leaves them uncapped (and the fused attention kernels in use). >= 0."""
-    logit_softcap: float = 0.0
+    logit_softcap: float = bounded(0.0, ge=0)
     """Soft-capping of the output logits, cap * tanh(logits / cap) (Gemma 2: 30); 0 leaves them uncapped. >= 0."""
-    kv_lora_rank: int = 0
+    kv_lora_rank: int = bounded(0, ge=0)
     """Multi-head latent attention (DeepSeek-V2/V3, Moonlight) when > 0: keys and values are expanded per head
     from one RMS-normalised latent of this width per token, plus one shared RoPE key of rope_dim channels;
     head_dim is each query/key head's width (its non-rotated part is head_dim - rope_dim). 0: GQA attention."""
-    q_lora_rank: int = 0
+    q_lora_rank: int = bounded(0, ge=0)
     """With kv_lora_rank: queries pass through a normalised low-rank latent of this width; 0 projects them directly."""
-    v_head_dim: int = 0
+    v_head_dim: int = bounded(0, ge=0)
     """With kv_lora_rank: width of each value head; 0 is head_dim."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
-        """RoPE needs a positive theta and an even head size; scaling and window fields in range."""
-        problems = positive(node, path, "rope_theta", 10000) + one_of(node, path, "rope_scaling", ROPE_SCALINGS)
-        for key in ("head_dim", "sliding_window"):
-            if not node[key] >= 0:
-                problems.append(f"{path}.{key}={node[key]} must be >= 0 (0 is the default): pass {path}.{key}=0")
+        """RoPE needs an even head size; the scalings' paired fields in order."""
+        problems = one_of(node, path, "rope_scaling", ROPE_SCALINGS)
         if node.head_dim > 0 and node.head_dim % 2:
             problems.append(f"{path}.head_dim={node.head_dim} is odd, RoPE needs an even head size: pass {path}.head_dim={node.head_dim + 1}")
         elif node.head_dim == 0 and node.n_heads >= 1 and node.dim % node.n_heads == 0 and head_size(node) % 2:
             problems.append(f"{path}.dim/{path}.n_heads={head_size(node)} is odd, RoPE needs an even head size: change {path}.dim or {path}.n_heads")
-        if node.rope_scaling != "none":
-            problems += positive(node, path, "rope_factor", 8.0)
         if node.rope_scaling == "yarn":
-            problems += at_least(node, path, ("rope_original_max_seq_len",))
             if not node.rope_beta_fast > node.rope_beta_slow > 0:
                 problems.append(
                     f"{path}.rope_beta_fast={node.rope_beta_fast} must exceed {path}.rope_beta_slow={node.rope_beta_slow} > 0: "
                     f"pass {path}.rope_beta_fast=32 {path}.rope_beta_slow=1"
                 )
-            if not node.rope_attention_factor >= 0:
-                problems.append(f"{path}.rope_attention_factor={node.rope_attention_factor} must be >= 0 (0 derives it): pass {path}.rope_attention_factor=0")
-        if node.rope_scaling in ("dynamic", "longrope"):
-            problems += at_least(node, path, ("rope_original_max_seq_len",))
         if node.rope_scaling == "llama3":
-            problems += at_least(node, path, ("rope_original_max_seq_len",))
             if not node.rope_high_freq_factor > node.rope_low_freq_factor > 0:
                 problems.append(
                     f"{path}.rope_high_freq_factor={node.rope_high_freq_factor} must exceed {path}.rope_low_freq_factor="
@@ -316,11 +286,11 @@ class MoEConfig(RopeDecoderConfig):
     """
 
     _target_: str = "currytrain.model.moe.MoETransformer"
-    num_experts: int = 4
+    num_experts: int = bounded(4, ge=1)
     """Routed experts per MoE layer."""
-    top_k: int = 2
+    top_k: int = bounded(2, ge=1)
     """Experts each token is sent to; 1 <= top_k <= num_experts."""
-    expert_hidden: int = 192
+    expert_hidden: int = bounded(192, ge=1)
     """Hidden width of each routed SwiGLU expert. top_k * expert_hidden == mlp_hidden gives the dense
     model's active MLP FLOPs per token (192 = 384 / 2 at the debug size)."""
     gating: str = "softmax"
@@ -328,52 +298,46 @@ class MoEConfig(RopeDecoderConfig):
     renormalize: bool = True
     """Rescale each token's top-k weights to sum to 1. With top_k=1 and softmax this makes every weight 1,
     so the router then learns from the auxiliary losses only."""
-    capacity_factor: float = 0.0
+    capacity_factor: float = bounded(0.0, ge=0)
     """Slots per expert as a multiple of the balanced load, capacity = ceil(factor * tokens * top_k /
     num_experts) per forward pass; assignments beyond it are dropped (the token keeps its residual).
     0 is dropless: every assignment is computed."""
-    aux_loss_coef: float = 0.01
+    aux_loss_coef: float = bounded(0.01, ge=0)
     """Weight of the load-balancing loss (Switch/GShard; 1.0 when perfectly balanced), per MoE layer, summed over layers."""
-    z_loss_coef: float = 0.001
+    z_loss_coef: float = bounded(0.001, ge=0)
     """Weight of the router z-loss (ST-MoE: mean squared logsumexp of the router logits), per layer, summed."""
     shared_expert: bool = False
     """Add a dense SwiGLU of width mlp_hidden that every token passes through, next to the routed experts."""
-    dense_layers: list[int] = field(default_factory=list)
+    dense_layers: list[int] = bounded(default_factory=list, ge=0)
     """Layers whose MLP is one dense gated MLP of width dense_hidden instead of experts (DeepSeek-V3's first
     layers, Qwen3-MoE's mlp_only_layers), by index from 0; indices at or beyond n_layers are an error."""
-    dense_hidden: int = 0
+    dense_hidden: int = bounded(0, ge=0)
     """Hidden width of the dense layers' MLP; 0 is mlp_hidden."""
     router_bias: bool = False
     """Keep a per-expert bias (a buffer, not trained by gradient) added to the router scores when choosing the
     top_k experts, not when weighting them (DeepSeek-V3's auxiliary-loss-free balancing; loaded with the weights)."""
-    router_groups: int = 1
+    router_groups: int = bounded(1, ge=1)
     """Experts form this many equal groups; each token first keeps the router_group_top_k groups whose two best
     scores sum highest, then picks its top_k experts among them (DeepSeek-V3: 8 groups, 4 kept). 1: no groups."""
-    router_group_top_k: int = 1
+    router_group_top_k: int = bounded(1, ge=1)
     """With router_groups > 1: the groups each token keeps; 1 <= this <= router_groups."""
-    routed_scale: float = 1.0
+    routed_scale: float = bounded(1.0, gt=0)
     """What the routed experts' combine weights are multiplied by, after renormalize (DeepSeek-V3: 2.5). > 0."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
         """Routing fields of model=moe."""
-        problems = at_least(node, path, ("num_experts", "top_k", "expert_hidden"))
+        problems = []
         if node.num_experts >= 1 and not 1 <= node.top_k <= node.num_experts:
             problems.append(f"{path}.top_k={node.top_k} must be in [1, {path}.num_experts={node.num_experts}]: pass {path}.top_k={min(2, node.num_experts)}")
         problems += one_of(node, path, "gating", MOE_GATINGS)
-        if not node.capacity_factor >= 0:
-            problems.append(f"{path}.capacity_factor={node.capacity_factor} must be >= 0 (0 is dropless): pass {path}.capacity_factor=1.25 or 0")
-        for key in ("aux_loss_coef", "z_loss_coef"):
-            if not node[key] >= 0:
-                problems.append(f"{path}.{key}={node[key]} must be >= 0 (0 disables it): pass {path}.{key}=0")
         return problems + _routing_problems(node, path)
 
 
 def _routing_problems(node: Any, path: str) -> list[str]:
-    """Dense layers in range, group-limited routing that divides the experts, a positive routed scale."""
-    problems = at_least(node, path, ("router_groups", "router_group_top_k")) + positive(node, path, "routed_scale", 1.0)
-    problems += at_least(node, path, ("dense_hidden",), minimum=0)
-    outside = [i for i in node.dense_layers if not 0 <= i < node.n_layers]
+    """Dense layers within the model, group-limited routing that divides the experts (the fields' ranges are declared with them)."""
+    problems = []
+    outside = [i for i in node.dense_layers if i >= node.n_layers]
     if outside:
         problems.append(f"{path}.dense_layers={list(node.dense_layers)} names layers outside 0..{node.n_layers - 1} ({outside}): remove them")
     groups = node.router_groups
@@ -415,20 +379,20 @@ class SpikingConfig(DecoderConfig):
     """
 
     _target_: str = "currytrain.model.spiking.SpikingTransformer"
-    timesteps: int = 4
+    timesteps: int = bounded(4, ge=1)
     """Simulation steps T each token is presented for (the same input current every step); compute and
     activation memory grow linearly with T. Must be >= 1."""
-    tau: float = 2.0
+    tau: float = bounded(2.0, ge=1)
     """Membrane time constant, in timesteps: each step the membrane keeps 1 - 1/tau of its potential
     before the new input is added (tau=1: no memory; tau=2: halves). Must be >= 1."""
-    threshold: float = 1.0
+    threshold: float = bounded(1.0, gt=0)
     """Membrane potential at which a neuron spikes (fires when potential >= threshold). Inputs to every
     neuron are RMS-normalised per token, so the unit is one RMS of the input current. Must be > 0."""
     reset: str = "soft"
     """After a spike: soft subtracts the threshold (the excess carries over), hard sets the membrane to 0."""
     surrogate: str = "sigmoid"
     """Pseudo-derivative of the spike used in backward: sigmoid, atan or triangle (the forward stays a step)."""
-    surrogate_slope: float = 4.0
+    surrogate_slope: float = bounded(4.0, gt=0)
     """Sharpness alpha of the surrogate, per unit of membrane potential: the pseudo-derivative at the
     threshold is alpha/4 (sigmoid), alpha/2 (atan) or alpha (triangle, zero beyond 1/alpha); each
     integrates to 1. Must be > 0."""
@@ -439,11 +403,7 @@ class SpikingConfig(DecoderConfig):
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
         """The LIF neuron fields of model=spiking (no RoPE: positions come from the causal mask)."""
-        problems = at_least(node, path, ("timesteps",))
-        if not node.tau >= 1:
-            problems.append(f"{path}.tau={node.tau} must be >= 1 (timesteps; 1 keeps no memory): pass {path}.tau=2.0")
-        problems += positive(node, path, "threshold", 1.0) + positive(node, path, "surrogate_slope", 4.0)
-        return problems + one_of(node, path, "reset", SPIKE_RESETS) + one_of(node, path, "surrogate", SPIKE_SURROGATES)
+        return one_of(node, path, "reset", SPIKE_RESETS) + one_of(node, path, "surrogate", SPIKE_SURROGATES)
 
 
 @dataclass
@@ -451,20 +411,13 @@ class MLPConfig(ModelConfig):
     """model=mlp: a classifier of feature vectors (data=digits, data=table), not a decoder."""
 
     _target_: str = "currytrain.model.mlp.MLPClassifier"
-    in_features: int = 64
+    in_features: int = bounded(64, ge=1)
     """Features per row: the data's column count (data=digits: 64)."""
-    num_classes: int = 10
+    num_classes: int = bounded(10, ge=2)
     """Classes the logits cover: at least the data's (data=digits: 10)."""
-    dim: int = 128
+    dim: int = bounded(128, ge=1)
     """Width of each hidden layer."""
-    n_layers: int = 2
+    n_layers: int = bounded(2, ge=1)
     """Hidden layers (Linear + GELU + dropout each), kept in model.layers."""
-    dropout: float = 0.0
+    dropout: float = bounded(0.0, ge=0, lt=1)
     """Probability of zeroing a hidden unit in training."""
-
-    @staticmethod
-    def check(node: Any, path: str) -> list[str]:
-        problems = at_least(node, path, ("in_features", "dim", "n_layers")) + at_least(node, path, ("num_classes",), minimum=2)
-        if not 0 <= node.dropout < 1:
-            problems.append(f"{path}.dropout={node.dropout} must be in [0, 1): pass {path}.dropout=0.0")
-        return problems

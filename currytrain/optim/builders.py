@@ -74,7 +74,13 @@ def lr_multiplier(step: int, total_steps: int, kind: str, warmup_steps: int, min
     return min_lr_ratio + (1 - min_lr_ratio) * decay
 
 
+def schedule_lambda(schedule, total_steps: int, start: int = 0):
+    """The multiplier of optimizer step `step` (0-based) for a schedule that begins at step `start` (0, or where a
+    trainer.resume_mode=weights resume started the optimizer afresh) and ends at total_steps."""
+    kind, warmup, floor = schedule.kind, warmup_steps(schedule, total_steps - start), schedule.min_lr_ratio
+    return lambda step: lr_multiplier(step - start, total_steps - start, kind, warmup, floor)
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, schedule, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """LambdaLR over lr_multiplier; its state (last_epoch) is checkpointed with the optimizer."""
-    kind, warmup, floor = schedule.kind, warmup_steps(schedule, total_steps), schedule.min_lr_ratio
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(step, total_steps, kind, warmup, floor))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_lambda(schedule, total_steps))

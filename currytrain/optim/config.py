@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from currytrain.rules import one_of, positive
+from currytrain.rules import bounded, one_of
 
 SCHEDULE_KINDS = ("cosine", "linear", "constant")
 ADAMW_IMPLEMENTATIONS = ("auto", "fused", "foreach", "for_loop")
@@ -17,24 +17,17 @@ class ScheduleConfig:
 
     kind: str = "cosine"
     """cosine (warmup then cosine decay), linear (warmup then linear decay) or constant (warmup then flat)."""
-    warmup_steps: int | None = None
+    warmup_steps: int | None = bounded(None, ge=0, example=0)
     """Steps of linear warmup from 0 to lr; null: warmup_ratio of trainer.max_steps."""
-    warmup_ratio: float = 0.05
+    warmup_ratio: float = bounded(0.05, ge=0, lt=1)
     """The warmup as a fraction of trainer.max_steps (rounded down), when warmup_steps is null: a short smoke
     run and a long run both warm up over the same share of their steps."""
-    min_lr_ratio: float = 0.1
+    min_lr_ratio: float = bounded(0.1, ge=0, le=1)
     """Floor of the decay, as a fraction of lr."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
-        problems = one_of(node, path, "kind", SCHEDULE_KINDS)
-        if node.warmup_steps is not None and not node.warmup_steps >= 0:
-            problems.append(f"{path}.warmup_steps={node.warmup_steps} must be >= 0: pass {path}.warmup_steps=0")
-        if not 0 <= node.warmup_ratio < 1:
-            problems.append(f"{path}.warmup_ratio={node.warmup_ratio} must be in [0, 1): pass {path}.warmup_ratio=0.05")
-        if not 0 <= node.min_lr_ratio <= 1:
-            problems.append(f"{path}.min_lr_ratio={node.min_lr_ratio} must be in [0, 1]: pass {path}.min_lr_ratio=0.1")
-        return problems
+        return one_of(node, path, "kind", SCHEDULE_KINDS)
 
 
 def warmup_steps(schedule: Any, total_steps: int) -> int:
@@ -44,25 +37,18 @@ def warmup_steps(schedule: Any, total_steps: int) -> int:
     return int(schedule.warmup_ratio * total_steps)
 
 
-def lr_and_decay_problems(node: Any, path: str) -> list[str]:
-    problems = [] if node.lr > 0 and node.lr != float("inf") else [f"{path}.lr={node.lr} must be a finite number > 0: pass e.g. {path}.lr=3e-4"]
-    if not node.weight_decay >= 0:
-        problems.append(f"{path}.weight_decay={node.weight_decay} must be >= 0: pass {path}.weight_decay=0.1")
-    return problems
-
-
 @dataclass
 class AdamWConfig:
     """torch.optim.AdamW; weight decay applies to matrices only (not norms or biases)."""
 
     _target_: str = "currytrain.optim.builders.build_adamw"
-    lr: float = 3e-3
+    lr: float = bounded(3e-3, gt=0)
     """Peak learning rate."""
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    betas: list[float] = bounded(default_factory=lambda: [0.9, 0.95], ge=0, lt=1)
     """Adam beta1, beta2."""
-    eps: float = 1e-8
+    eps: float = bounded(1e-8, gt=0)
     """Adam epsilon."""
-    weight_decay: float = 0.1
+    weight_decay: float = bounded(0.1, ge=0)
     """Decoupled weight decay on >=2-D parameters."""
     implementation: str = "auto"
     """fused (one kernel per step over all parameters), foreach (one per op over lists) or for_loop; auto
@@ -71,10 +57,10 @@ class AdamWConfig:
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
-        problems = lr_and_decay_problems(node, path) + one_of(node, path, "implementation", ADAMW_IMPLEMENTATIONS)
-        if len(node.betas) != 2 or not all(0 <= b < 1 for b in node.betas):
-            problems.append(f"{path}.betas={list(node.betas)} must be two numbers in [0, 1): pass {path}.betas=[0.9,0.95]")
-        return problems + positive(node, path, "eps", 1e-8)
+        problems = one_of(node, path, "implementation", ADAMW_IMPLEMENTATIONS)
+        if len(node.betas) != 2:
+            problems.append(f"{path}.betas={list(node.betas)} must be two numbers (beta1, beta2): pass {path}.betas=[0.9,0.95]")
+        return problems
 
 
 @dataclass
@@ -82,21 +68,18 @@ class SGDConfig:
     """torch.optim.SGD with momentum; weight decay applies to matrices only."""
 
     _target_: str = "currytrain.optim.builders.build_sgd"
-    lr: float = 0.1
+    lr: float = bounded(0.1, gt=0)
     """Peak learning rate."""
-    momentum: float = 0.9
+    momentum: float = bounded(0.9, ge=0, lt=1)
     """Momentum factor."""
     nesterov: bool = True
     """Nesterov momentum."""
-    weight_decay: float = 0.0
+    weight_decay: float = bounded(0.0, ge=0)
     """L2 weight decay on >=2-D parameters."""
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
-        problems = lr_and_decay_problems(node, path)
-        if not 0 <= node.momentum < 1:
-            problems.append(f"{path}.momentum={node.momentum} must be in [0, 1): pass {path}.momentum=0.9")
-        elif node.nesterov and node.momentum == 0:
-            problems.append(f"{path}.nesterov=true needs momentum, but {path}.momentum=0: pass {path}.nesterov=false or {path}.momentum=0.9")
-        return problems
+        if node.nesterov and node.momentum == 0:
+            return [f"{path}.nesterov=true needs momentum, but {path}.momentum=0: pass {path}.nesterov=false or {path}.momentum=0.9"]
+        return []

@@ -249,21 +249,25 @@ class SweepLoop:
         self.study: Any = None
 
     def open_study(self) -> Any:
+        """Create or resume the study. Several sweepers may share it (the same command started N times, on one
+        storage): they open it, count and ask trials one at a time (study.claiming), so together they run
+        exactly n_trials; each reseeds its sampler apart from the others'."""
         import optuna
 
-        from currytrain.sweep.study import SweepSpec, default_storage, open_storage, recover_interrupted
+        from currytrain.sweep.study import SweepSpec, claiming, default_storage, join, open_storage, recover_interrupted
 
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
-        uri = self.settings["storage"] or default_storage(self.sweep_dir)
+        self.uri = uri = self.settings["storage"] or default_storage(self.sweep_dir)
         name = self.settings["study_name"] or DEFAULT_STUDY
-        study = optuna.create_study(study_name=name, storage=open_storage(uri), directions=self.directions, load_if_exists=True)
-        self._check_resumable(study, uri)
-        study.sampler = self._sampler(len(study.trials))
-        pruner = None if no_pruner(self.settings["pruner"]) else self.settings["pruner"]
-        spec = SweepSpec(name, uri, self.directions, self.objectives, pruner)
-        self.spec_path = spec.save(self.sweep_dir)
-        for note in recover_interrupted(study, self.objectives, self.settings["on_interrupted"]):
-            log.warning(note)
+        with claiming(uri):
+            study = optuna.create_study(study_name=name, storage=open_storage(uri), directions=self.directions, load_if_exists=True)
+            self._check_resumable(study, uri)
+            study.sampler = self._sampler(len(study.trials), join(study))
+            pruner = None if no_pruner(self.settings["pruner"]) else self.settings["pruner"]
+            spec = SweepSpec(name, uri, self.directions, self.objectives, pruner)
+            self.spec_path = spec.save(self.sweep_dir)
+            for note in recover_interrupted(study, self.objectives, self.settings["on_interrupted"]):
+                log.warning(note)
         log.info("study %s in %s: %d of %d trials done", name, uri, len(study.trials), self.n_trials)
         if not self.space.dimensions and not self.custom:
             log.warning("the search space is empty: every trial runs the same config (add params, e.g. hydra.sweeper.params.x='interval(0, 1)')")
@@ -285,13 +289,14 @@ class SweepLoop:
     def _names(study: Any) -> list[str]:
         return [d.name.lower() for d in study.directions]
 
-    def _sampler(self, trials_done: int) -> Any:
-        """The sampler, reseeded when resuming so that it does not replay its first (random) points."""
+    def _sampler(self, trials_done: int, others: int = 0) -> Any:
+        """The sampler, reseeded when resuming so that it does not replay its first (random) points, and apart
+        from the `others` live sweepers of the same study (each would otherwise propose the same points)."""
         from currytrain.build import build
 
         node = {key: value for key, value in dict(self.settings["sampler"]).items() if key not in IGNORED_ARGS}
-        if node.get("seed") is not None and trials_done:
-            node["seed"] = int(node["seed"]) + trials_done
+        if node.get("seed") is not None and (trials_done or others):
+            node["seed"] = int(node["seed"]) + trials_done + 1_000_003 * others
         runtime = {"search_space": self.space.grid()} if str(node["_target_"]).endswith("GridSampler") else {}
         return build(OmegaConf.create(node), **runtime)
 
@@ -307,10 +312,11 @@ class SweepLoop:
     def ask(self, study: Any) -> tuple[Any, list[str]]:
         """A new trial and the overrides of its job (custom_search_space may suggest more parameters)."""
         from currytrain.sweep.space import overrides_of
-        from currytrain.sweep.study import Outcome, job_env, tell
+        from currytrain.sweep.study import Outcome, job_env, sweeper_identity, tell
 
         trial = study.ask({key: dim.distribution() for key, dim in self.space.dimensions.items()})
         trial.set_user_attr("run_dir", str((self.sweep_dir / str(trial.number)).resolve()))
+        trial.set_user_attr("sweeper", sweeper_identity())
         if self.custom is not None:
             try:
                 self.custom(self.config, trial)
@@ -384,16 +390,27 @@ class SweepLoop:
 
     def _run_batches(self, study: Any) -> None:
         """Hydra's Launcher API: a batch of n_jobs trials, the next batch when all of them ended."""
-        from currytrain.sweep.study import counted
 
         target = self.target()
-        while (done := counted(study)) < target:
-            self._stop_on_failures(study)
-            batch = [self.ask(study) for _ in range(min(self.settings["n_jobs"], target - done))]
+        while batch := self._claim(study, min(self.settings["n_jobs"], target)):
             returns = self.launcher.launch([overrides for _, overrides in batch], initial_job_idx=batch[0][0].number)
             outcomes = [self._record(study, trial.number, job_return) for (trial, _), job_return in zip(batch, returns)]
             self._stop_on_config_error(outcomes)
             self.failure_rate.check()
+
+    def _claim(self, study: Any, most: int) -> list[tuple[Any, list[str]]]:
+        """Up to `most` new trials while the study (all its sweepers together) has fewer than n_trials; none when it
+        has them. Trials left by a sweeper that died are recovered first (on_interrupted decides if they count)."""
+        from currytrain.sweep.study import claiming, counted, recover_interrupted
+
+        with claiming(self.uri):
+            for note in recover_interrupted(study, self.objectives, self.settings["on_interrupted"]):
+                log.warning(note)
+            left = self.target() - counted(study)
+            if left <= 0:
+                return []
+            self._stop_on_failures(study)
+            return [self.ask(study) for _ in range(min(most, left))]
 
     def _run_async(self, study: Any) -> None:
         """submitit: n_jobs trials in flight; a new one starts as soon as one ends."""
@@ -403,14 +420,15 @@ class SweepLoop:
         target, running = self.target(), InFlight(self.launcher)
         log.info("asynchronous trials: up to %d in flight (%s launcher)", self.settings["n_jobs"], type(self.launcher).__name__)
         while counted(study) < target or len(running):
-            while len(running) < self.settings["n_jobs"] and counted(study) < target:
-                self._stop_on_failures(study)
-                trial, overrides = self.ask(study)
+            for trial, overrides in self._claim(study, self.settings["n_jobs"] - len(running)) if len(running) < self.settings["n_jobs"] else []:
                 try:
                     running.submit(trial.number, overrides)
                 except ConfigError as refused:  # sbatch refused the job: the trial never ran
                     tell(study, trial.number, Outcome("FAIL", reason=str(refused)))
                     raise
-            for number, job_return in running.finished():
-                self._stop_on_config_error([self._record(study, number, job_return)])
-                self.failure_rate.check()
+            if len(running):
+                for number, job_return in running.finished():
+                    self._stop_on_config_error([self._record(study, number, job_return)])
+                    self.failure_rate.check()
+            elif counted(study) >= target:
+                break

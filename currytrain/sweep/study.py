@@ -8,15 +8,18 @@ are FAIL with their message, and no ending at all is an interrupted trial.
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from currytrain.journal import read_journal
+from currytrain.lock import STALE_S, Holder, exclusive, held_by_another, me, pid_alive
 
 SPEC_FILE = "sweep.json"
 ENV_SPEC = "CURRYTRAIN_SWEEP"
@@ -39,8 +42,11 @@ class SweepSpec:
     pruner: dict[str, Any] | None
 
     def save(self, sweep_dir: Path) -> Path:
+        """Written whole (renamed into place): sweepers sharing the folder rewrite it while trials read it."""
         path = sweep_dir / SPEC_FILE
-        path.write_text(json.dumps(self.__dict__, indent=2) + "\n")
+        partial = path.with_name(f"{SPEC_FILE}.{os.getpid()}.partial")
+        partial.write_text(json.dumps(self.__dict__, indent=2) + "\n")
+        os.replace(partial, path)
         return path
 
     @classmethod
@@ -50,6 +56,64 @@ class SweepSpec:
 
 def default_storage(sweep_dir: Path) -> str:
     return f"sqlite:///{(sweep_dir / 'optuna.db').resolve()}"
+
+
+def claim_lock(uri: str) -> Path | None:
+    """The file beside a file-based storage (SQLite, journal) that sweepers of this host flock while they open the
+    study, count its trials and ask new ones; None for a server (postgresql://...), which sees no such lock."""
+    for prefix in ("sqlite:///", "journal://"):
+        if uri.startswith(prefix):
+            return Path(uri.removeprefix(prefix) + ".claims")  # not <file>.lock: Optuna's journal takes that name
+    return None
+
+
+@contextlib.contextmanager
+def claiming(uri: str) -> Iterator[None]:
+    """One sweeper at a time counts the study's trials and asks new ones, so that concurrent sweepers of one study
+    start exactly n_trials (a trial asked is RUNNING, and counts for every other sweeper at once)."""
+    path = claim_lock(uri)
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive(path):
+        yield
+
+
+def sweeper_identity() -> dict[str, Any]:
+    """Who asked a trial (kept in its user attributes): a later sweeper leaves a trial alone while its asker lives."""
+    holder = me()
+    return {"pid": holder.pid, "host": holder.host, "proc_start": holder.proc_start}
+
+
+def asker_alive(trial: Any) -> bool:
+    """Whether `trial` may still be running: its run folder is held by a live process (its job, which may outlive
+    its sweeper), or the sweeper that asked it still runs (this host: by pid; another host, which this one cannot
+    see into: for STALE_S after the trial started). A trial from before sweepers signed theirs counts as abandoned."""
+    run_dir = trial.user_attrs.get("run_dir")
+    if run_dir and held_by_another(run_dir) is not None:
+        return True
+    asker = trial.user_attrs.get("sweeper")
+    if not asker:
+        return False
+    if asker["host"] != me().host:
+        started = trial.datetime_start
+        return started is not None and (dt.datetime.now() - started).total_seconds() < STALE_S
+    if int(asker["pid"]) == os.getpid():
+        return True
+    return pid_alive(Holder(pid=int(asker["pid"]), host=asker["host"], started="", command="", heartbeat=0.0, proc_start=asker.get("proc_start")))
+
+
+def join(study: Any) -> int:
+    """Sign this sweeper into the study; the number of other sweepers of it still alive (they reseed apart)."""
+    mine = sweeper_identity()
+    others = 0
+    for key, asker in study.user_attrs.items():
+        if key.startswith("sweeper:") and key != f"sweeper:{mine['host']}:{mine['pid']}":
+            alive = asker["host"] != mine["host"] or pid_alive(Holder(int(asker["pid"]), asker["host"], "", "", 0.0, asker.get("proc_start")))
+            others += alive
+    study.set_user_attr(f"sweeper:{mine['host']}:{mine['pid']}", mine)
+    return others
 
 
 def open_storage(uri: str) -> Any:
@@ -181,13 +245,15 @@ def failures(study: Any) -> int:
 
 
 def recover_interrupted(study: Any, objectives: Sequence[str], mode: str) -> list[str]:
-    """Trials a killed sweeper left RUNNING: recorded from their run folders' journals, or, with no result
-    there, FAIL (mode fail) or FAIL and asked again with the same parameters (mode requeue). Returns lines
-    saying what was done, for the log."""
+    """Trials a killed sweeper left RUNNING (its process is gone: asker_alive): recorded from their run folders'
+    journals, or, with no result there, FAIL (mode fail) or FAIL and asked again with the same parameters (mode
+    requeue). Trials of live sweepers sharing the study are left alone. Returns lines saying what was done."""
     from optuna.trial import TrialState
 
     notes = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if asker_alive(trial):  # another sweeper (or this one) runs it now
+            continue
         outcome = outcome_from_journal(Path(trial.user_attrs.get("run_dir", "")), objectives)
         if outcome.state is None:
             trial_id = trial._trial_id

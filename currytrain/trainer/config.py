@@ -8,7 +8,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from currytrain.rules import at_least, one_of
+from currytrain.rules import bounded, one_of
+from currytrain.weights import RESUME_MODES
 
 
 def compiler_missing() -> bool:
@@ -22,29 +23,37 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = 1200
+    max_steps: int = bounded(1200, ge=1)
     """Optimizer steps to run."""
-    batch_size: int = 8
+    batch_size: int = bounded(8, ge=1)
     """Sequences per microbatch, all data-parallel ranks together (each rank gets batch_size / dp ranks)."""
-    grad_accum: int = 1
+    grad_accum: int = bounded(1, ge=1)
     """Microbatches per optimizer step; the loss of each is scaled by 1/grad_accum."""
-    grad_clip: float = 1.0
+    grad_clip: float = bounded(1.0, ge=0)
     """Max global gradient L2 norm; 0 disables clipping."""
-    eval_every: int = 400
+    eval_every: int = bounded(400, ge=1)
     """Evaluate on the val split every this many steps (and always at the end)."""
-    eval_batches: int = 40
+    eval_batches: int = bounded(40, ge=1)
     """Val batches per evaluation (40 of the default 8 sequences: 320 windows, a val loss steady to about 0.02)."""
-    log_every: int = 10
+    log_every: int = bounded(10, ge=1)
     """Send train metrics to the loggers every this many steps."""
-    checkpoint_every: int = 0
+    checkpoint_every: int = bounded(0, ge=0)
     """Save a checkpoint every this many steps; 0 saves only at the end."""
     checkpoint_on_signal: bool = True
     """On Ctrl-C, SIGTERM, SIGUSR1 or SIGUSR2 (SLURM's warnings), finish the step, save a checkpoint, then stop
     (exit 128 + the signal's number); trainer.resume=auto continues from it. False stops without saving."""
-    keep_last: int = 2
+    keep_last: int = bounded(2, ge=1)
     """Complete checkpoints kept in <run>/checkpoints; older ones are deleted."""
     resume: str = "none"
-    """none, auto (latest complete checkpoint of this run folder), or a path to a run folder or checkpoint."""
+    """none, auto (latest complete checkpoint of this run folder), or a path to a run folder or checkpoint.
+    The config may differ from the checkpoint's: what can be applied (batch size, grad_accum, lr and schedule,
+    max_steps, data, loggers...) is applied, printed and journaled (`changed_on_resume`, both values); what cannot
+    (another model shape, another optimizer or its state's keys) exits 2 naming each difference and the fix."""
+    resume_mode: str = "full"
+    """full: continue bit for bit (weights, optimizer state, schedule, RNG, data position). weights: load the
+    model weights only and start the optimizer and its LR schedule (warmup included, spanning the steps left)
+    afresh, for a change of optimizer mid-project; the step count and tokens seen continue, so the folder's
+    checkpoints and curves stay in order. Journaled in the `resume` event."""
     init_from: str = "none"
     """none, or model weights to start from (an `currytrain hf import` folder, a run folder or a checkpoint):
     weights only, fresh optimizer and step 0. Ignored when trainer.resume finds a checkpoint."""
@@ -62,12 +71,13 @@ class TrainerConfig:
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
-        problems = at_least(node, path, ("max_steps", "batch_size", "grad_accum", "eval_every", "eval_batches", "log_every", "keep_last"))
-        if not node.grad_clip >= 0:
-            problems.append(f"{path}.grad_clip={node.grad_clip} must be >= 0 (0 disables clipping): pass {path}.grad_clip=1.0")
-        if not node.checkpoint_every >= 0:
-            problems.append(f"{path}.checkpoint_every={node.checkpoint_every} must be >= 0 (0 saves only at the end): pass {path}.checkpoint_every=0")
-        problems += one_of(node, path, "device", DEVICES) + one_of(node, path, "precision", PRECISIONS)
+        problems = one_of(node, path, "device", DEVICES) + one_of(node, path, "precision", PRECISIONS)
+        problems += one_of(node, path, "resume_mode", RESUME_MODES)
+        if node.resume_mode == "weights" and node.resume == "none":
+            problems.append(
+                f"{path}.resume_mode=weights resumes the model weights of a checkpoint, and {path}.resume=none names none: pass {path}.resume=auto "
+                f"(or a checkpoint), or use {path}.init_from=<weights> to start a new run from them"
+            )
         if node.compile and node.device != "cuda" and compiler_missing():
             problems.append(
                 f"{path}.compile=true needs a C++ compiler for torch.compile's CPU kernels, and neither $CXX nor g++ is on PATH: "

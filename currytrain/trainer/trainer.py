@@ -22,6 +22,7 @@ from currytrain.errors import Aborted, ConfigError, Interrupted, Pruned, RunFail
 from currytrain.journal import Journal
 from currytrain.logger.base import MultiLogger, ending_status
 from currytrain.model.protocol import HasTrainingMetrics, full
+from currytrain.optim.builders import schedule_lambda
 from currytrain.parallel.compile import compile_report, use_compile_cache
 from currytrain.parallel.memory import optimizer_state_bytes, param_bytes
 from currytrain.parallel.state import ParallelState, resolve_device
@@ -31,7 +32,7 @@ from currytrain.trainer.hooks import Action, Decision, StepHook, decide
 from currytrain.trainer.progress import Progress
 from currytrain.trainer.signals import StopSignals, handled_signals, stop_file_signal
 from currytrain.trainer.step import DeviceStep, accumulated_step, fetch_steps
-from currytrain.weights import checkpoint_candidates, checkpoint_problem
+from currytrain.weights import checkpoint_candidates, checkpoint_problem, config_changes, marker_config
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ class Trainer:
         # a DictConfig attribute costs ~30 us (1-2% of a tiny model's step on a 2-core CPU).
         self.cfg = TrainerConfig(**OmegaConf.to_container(cfg.trainer, resolve=True))
         self.model_cfg = cfg.model
+        self.schedule_cfg = cfg.optimizer.schedule
+        self.run_config = OmegaConf.to_container(cfg, resolve=True)
         self.run_dir = Path(run_dir)
         self.state = state or ParallelState(device=resolve_device(self.cfg.device))  # default: one process, no group
         if self.cfg.compile:
@@ -74,10 +77,10 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.state.device.type) if self.cfg.precision == "fp16" else None
         self.train_state = TrainState(self.module, self.optimizer, self.scheduler, rank=self.state.rank)
         model_node = OmegaConf.to_container(cfg.model, resolve=True)
-        self.checkpointer = Checkpointer(self.run_dir / "checkpoints", self.cfg.keep_last, self.state.is_main, model_node)
+        self.checkpointer = Checkpointer(self.run_dir / "checkpoints", self.cfg.keep_last, self.state.is_main, model_node, self.run_config)
         self.journal = Journal(self.run_dir / "journal.jsonl", enabled=self.state.is_main)
         self.loggers = build_loggers(cfg.logger, self.run_dir, enabled=self.state.is_main)
-        self.loggers.log_config(OmegaConf.to_container(cfg, resolve=True))
+        self.loggers.log_config(self.run_config)
         self.hooks = list(hooks)
         # Where each rank is, for `currytrain diagnose` to name a straggler (the journal is rank 0's).
         self.heartbeat = Heartbeat(self.run_dir, self.state.rank, enabled=self.state.world_size > 1)
@@ -142,6 +145,7 @@ class Trainer:
         checkpoint step, the first and the last), where the pending steps are read back together, so the
         device never waits for the host in between. Returns the latest fetched step's metrics."""
         self.train_state.step += 1
+        self.train_state.tokens += self.tokens_per_step
         step, cfg = self.step, self.cfg
         # 1. forward/backward over the microbatches, 2. clip, 3. finiteness check, 4. optimizer step
         data_step = step + self.train_state.data_offset  # past the batches of rolled-back steps
@@ -164,7 +168,7 @@ class Trainer:
         if not self.memory_logged:
             self.log_memory(pending.grad_bytes)
         # 5. scheduler step
-        self.pending.append((step, pending, self.optimizer.param_groups[0]["lr"]))
+        self.pending.append((step, pending, self.optimizer.param_groups[0]["lr"], self.train_state.tokens))
         self.scheduler.step()
         if self.metrics and not self.is_fetch_step(step):  # the first step of a run (or a resume) fetches
             self.heartbeat.beat(step, "done")
@@ -204,7 +208,7 @@ class Trainer:
         """Metrics of each step since the last fetch: one device-to-host copy, and one all-reduce of the losses
         (each rank's loss is over its slice; the mean over the dp ranks is the global batch's loss). The
         seconds since the last fetch are shared equally among its steps (the device runs ahead of the host)."""
-        steps, pending, lrs = zip(*self.pending)
+        steps, pending, lrs, tokens = zip(*self.pending)
         self.pending.clear()
         results = fetch_steps(pending)
         losses = self.state.mean_over("loss", torch.tensor([result.loss for result in results], device=self.state.device)).tolist()
@@ -213,7 +217,7 @@ class Trainer:
         if not self.metrics and self.cfg.compile:  # the first step compiled the graphs
             self.journal.event("compile", step=steps[0], **compile_report(seconds))
         metrics = []
-        for step, result, loss, lr in zip(steps, results, losses, lrs):
+        for step, result, loss, lr, seen in zip(steps, results, losses, lrs, tokens):
             if result.skipped:
                 self.journal.event("skip_step", step=step, loss=loss, grad_norm=result.grad_norm)
             metrics.append(
@@ -225,6 +229,7 @@ class Trainer:
                     "train/step_seconds": seconds,
                     "train/skipped": float(result.skipped),
                     "train/tokens": float(self.tokens_per_step),
+                    "train/tokens_seen": float(seen),
                 }
             )
         return metrics
@@ -259,6 +264,8 @@ class Trainer:
             raise Aborted(f"step {self.step}: {reason}; no complete checkpoint to roll back to (set trainer.checkpoint_every)")
         from_step = self.step
         self.checkpointer.load(path, self.train_state)
+        if self.train_state.tokens is None:  # a checkpoint from before the count, in a run that never changed its batch
+            self.train_state.tokens = self.step * self.tokens_per_step
         self.train_state.data_offset += from_step - self.step
         if lr_scale != 1.0:  # the schedule multiplies base_lrs, so that is where the scale must go
             self.scheduler.base_lrs = [lr * lr_scale for lr in self.scheduler.base_lrs]
@@ -353,11 +360,59 @@ class Trainer:
                 return False
             # validation catches this first; a folder emptied since is caught here
             raise ConfigError(f"trainer.resume={self.cfg.resume} holds no complete checkpoint: pass trainer.resume=auto or a checkpoint folder")
-        self.checkpointer.load(path, self.train_state)
-        self.journal.event("resume", step=self.step, path=str(path))
+        saved = marker_config(path)
+        changes = config_changes(saved, self.run_config) if saved is not None else {}
+        if self.cfg.resume_mode == "weights":
+            self.checkpointer.load_weights(path, self.train_state)
+            self.scheduler.last_epoch = self.step
+            self.schedule_from(self.step)
+            fresh = {"optimizer": "fresh", "schedule": f"fresh: warmup and decay over steps {self.step + 1}-{self.cfg.max_steps}", "rng": "fresh"}
+        else:
+            hyperparameters = [{k: v for k, v in group.items() if k not in ("params", "lr", "initial_lr")} for group in self.optimizer.param_groups]
+            self.checkpointer.load(path, self.train_state)
+            self.apply_changes(changes, hyperparameters)
+            fresh = {}
+        estimated = self.train_state.tokens is None
+        if estimated:  # a checkpoint from before the count: as if its batch never changed
+            before = (saved or {}).get("trainer", {})
+            per_step = before.get("batch_size", self.cfg.batch_size) * before.get("grad_accum", self.cfg.grad_accum)
+            self.train_state.tokens = self.step * per_step * (saved or {}).get("data", {}).get("seq_len", self.data.seq_len)
+        position = {"tokens": self.train_state.tokens, "tokens_estimated": estimated, "next_data_step": self.step + self.train_state.data_offset + 1}
+        self.journal.event("resume", step=self.step, path=str(path), mode=self.cfg.resume_mode, **position, **fresh)
+        if saved is None:
+            log.warning("the checkpoint %s records no config (saved before curryTrain kept it): changes since cannot be listed", path)
+        elif changes:
+            self.journal.event("changed_on_resume", step=self.step, changes=changes, tokens=self.train_state.tokens)
+            for key, values in changes.items():
+                log.warning("changed on resume: %s %s -> %s", key, values["checkpoint"], values["now"])
         self.loggers.restarted(self.step)  # the steps after the checkpoint run again: their new values win
-        log.info("resumed from %s at step %d", path, self.step)
+        log.info("resumed from %s at step %d (%s, %d tokens seen)", path, self.step, self.cfg.resume_mode, self.train_state.tokens)
         return True
+
+    def apply_changes(self, changes: dict[str, dict], hyperparameters: list[dict]) -> None:
+        """After a full resume, what the config changed since the checkpoint and the loaded state would hide: the
+        optimizer's hyperparameters (loaded with its state), the peak lr (kept in the schedule's base_lrs, scaled so
+        that muP's per-group ratios and a rollback's scale are kept) and the lr of this step under a changed schedule."""
+        if any(key.startswith("optimizer.") and not key.startswith("optimizer.schedule.") for key in changes):
+            for group, values in zip(self.optimizer.param_groups, hyperparameters):
+                group.update(values)
+        if "optimizer.lr" in changes:
+            ratio = changes["optimizer.lr"]["now"] / changes["optimizer.lr"]["checkpoint"]
+            self.scheduler.base_lrs = [lr * ratio for lr in self.scheduler.base_lrs]
+            for group in self.optimizer.param_groups:
+                group["initial_lr"] = group.get("initial_lr", group["lr"]) * ratio
+        schedule_changed = any(key == "optimizer.lr" or key.startswith("optimizer.schedule.") or key == "trainer.max_steps" for key in changes)
+        if schedule_changed or self.train_state.schedule_start:
+            self.schedule_from(self.train_state.schedule_start)
+
+    def schedule_from(self, start: int) -> None:
+        """The LR schedule as configured, begun at step `start` (0, or where a trainer.resume_mode=weights resume
+        restarted it: warmup again, decay over the steps left to trainer.max_steps), and this step's lr under it."""
+        multiplier = schedule_lambda(self.schedule_cfg, self.cfg.max_steps, start)
+        self.train_state.schedule_start = start
+        self.scheduler.lr_lambdas = [multiplier] * len(self.optimizer.param_groups)
+        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+            group["lr"] = base * multiplier(self.scheduler.last_epoch)
 
     def maybe_init_from(self) -> None:
         """Start from the weights trainer.init_from points at (an HF import, a run or a checkpoint)."""

@@ -4,7 +4,11 @@ tables is a test that ran in this session, with its outcome. Generate it with `m
     python -m pytest -p tests.reliability.table tests/reliability tests/test_bad_config.py
 
 Fault tests carry `@pytest.mark.reliability(fault=..., protection=...)` and record what they measured with
-`record_property("data_lost", n)`; bad inputs carry `reliability(kind="bad input")` (test_bad_config.py).
+`record_property("data_lost", n)`; bad inputs carry `reliability(kind="bad input")` (test_bad_config.py); the
+config fuzz carries `reliability(kind="fuzz")` and the load tests `reliability(kind="load")`, with their counts.
+A row recorded with `nightly=True` (the fuzz's long profile, `make fuzz-long`) stays on the page until a later
+nightly run replaces it. The Load section also shows bench/logger_load.py's last result (LOAD_BENCH, which
+`make reliability` writes first).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from pathlib import Path
 import pytest
 
 OUT = os.environ.get("CURRYTRAIN_RELIABILITY_TABLE", "docs/reliability.md")
+LOAD_BENCH = Path(OUT).with_suffix(".load.json")
 ROWS: list[dict] = []
 
 INTRO = """# Reliability: what is protected, and how it is tested
@@ -49,10 +54,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     rows_file = Path(OUT).with_suffix(".rows.json")
     rows = ROWS
+    earlier = json.loads(rows_file.read_text()) if rows_file.exists() else rows_from_page(Path(OUT))
+    ran = {_key(row) for row in ROWS}
     if os.environ.get("CURRYTRAIN_RELIABILITY_MERGE") == "1":
-        earlier = json.loads(rows_file.read_text()) if rows_file.exists() else rows_from_page(Path(OUT))
-        ran = {_key(row) for row in ROWS}
         rows = [row for row in earlier if _key(row) not in ran] + ROWS
+    else:  # a nightly result stays until the next nightly run
+        rows = ROWS + [row for row in earlier if row.get("nightly") and _key(row) not in ran]
     rows_file.write_text(json.dumps(rows, indent=1) + "\n")
     Path(OUT).write_text(render(rows))
 
@@ -93,6 +100,8 @@ def rows_from_page(page: Path) -> list[dict]:
 def render(rows: list[dict]) -> str:
     faults = [row for row in rows if "fault" in row]
     bad = [row for row in rows if row.get("kind") == "bad input"]
+    fuzz = [row for row in rows if row.get("kind") == "fuzz"]
+    load = [row for row in rows if row.get("kind") == "load"]
     survived = sum(row["outcome"] == "passed" for row in faults)
     lost = sum(int(row.get("data_lost", 0)) for row in faults if row["outcome"] == "passed")
     handled = sum(row["outcome"] == "passed" for row in bad)
@@ -102,6 +111,16 @@ def render(rows: list[dict]) -> str:
         + ("" if survived == len(faults) else f" ({len(faults) - survived} FAILED: see below)"),
         f"- bad inputs tried: {len(bad)}; handled (exit 2, key and fix, no traceback, nothing written): {handled}"
         + (f" ({100 * handled // len(bad)}%)" if bad else ""),
+    ]
+    for row in fuzz:
+        ok = row["outcome"] == "passed"
+        lines.append(
+            f"- config fuzz, {row['case']}: {row.get('cases', '?')} cases, "
+            + ("every one exited 2 naming a key or ran; 0 exit 1, tracebacks or hangs" if ok else "FAILED: see below")
+        )
+    for row in load:
+        lines.append(f"- load, {row['case']}: {'every record kept' if row['outcome'] == 'passed' else 'FAILED'}")
+    lines += [
         "",
         "## Faults injected",
         "",
@@ -117,7 +136,62 @@ def render(rows: list[dict]) -> str:
     lines += ["", "## Bad inputs", "", "| group | overrides | handled |", "|---|---|---|"]
     for row in sorted(bad, key=lambda row: row.get("group") or _group(row["case"])):
         lines.append(f"| {row.get('group') or _group(row['case'])} | `{row['case']}` | {'yes' if row['outcome'] == 'passed' else 'NO'} |")
+    if fuzz:
+        lines += [
+            "",
+            "## Config fuzzing",
+            "",
+            FUZZ_INTRO,
+            "",
+            "| profile | cases | refused, naming a key | valid | of them run | checked through launch.py | exit 1 / traceback / hang | seconds | test |",
+        ]
+        lines.append("|---|---|---|---|---|---|---|---|---|")
+        for row in fuzz:
+            failed = "0" if row["outcome"] == "passed" else "**FAILED**"
+            lines.append(
+                f"| {row['case']} | {row.get('cases', '?')} | {row.get('refused', '?')} | {row.get('valid', '?')} | {row.get('ran', '?')} "
+                f"| {row.get('cross_checked', '?')} | {failed} | {row.get('seconds', '?')} | `{_short(row['test'])}` |"
+            )
+    if load or LOAD_BENCH.is_file():
+        lines += ["", "## Load", "", "| case | records kept, per store | seconds | kept | test |", "|---|---|---|---|---|"]
+        for row in load:
+            records = ", ".join(f"{store} {count:,}" for store, count in (row.get("records") or {}).items())
+            lines.append(
+                f"| {row['case']} | {records} | {row.get('seconds', '?')} | {'yes' if row['outcome'] == 'passed' else 'NO'} | `{_short(row['test'])}` |"
+            )
+        lines += ["", *bench_lines()]
     return "\n".join(lines) + "\n"
+
+
+FUZZ_INTRO = (
+    "tests/reliability/test_fuzz_config.py draws override sets from every group's options and every typed field (in and out "
+    "of range, non-finite, huge, wrong types, empty, unknown keys, interpolations, options that do not exist, several groups "
+    "at once); each must exit 2 naming one of its keys, or be valid and run (a few are run, capped to 2 steps), and never write "
+    "into an earlier run folder. The `ci` profile runs in `make test` (derandomised: the same cases every time); "
+    "`make fuzz-long` runs the `long` profile for a nightly job. Each bad input it found is a row of the Bad inputs table above."
+)
+
+
+def bench_lines() -> list[str]:
+    """The last result of bench/logger_load.py (written by `make reliability`), or a note that there is none."""
+    if not LOAD_BENCH.is_file():
+        return ["Step time with every logger on: not measured yet (`make reliability` runs bench/logger_load.py)."]
+    bench = json.loads(LOAD_BENCH.read_text())
+    verdict = "within" if bench["ratio"] <= 1.10 else "NOT within"
+    return [
+        f"Step time with every logger on (tensorboard, jsonl, mlflow, wandb; log_every=1), measured by "
+        f"`python bench/logger_load.py {' '.join(bench['overrides'])}`: {bench['all_ms_per_step']} ms/step against "
+        f"{bench['jsonl_ms_per_step']} ms/step with jsonl alone, a ratio of {bench['ratio']} ({verdict} the 1.10 target; "
+        f"median of {bench['rounds']} alternating rounds of {bench['steps_per_block']} steps, per round {bench['ratios']}, "
+        f"{bench['threads']} torch thread(s){', ' + bench['machine'] if bench.get('machine') else ''})."
+        + (
+            f" CPU time per step (this process with its logging threads, and W&B's service process), which a busy machine disturbs "
+            f"less than the wall clock: {bench['all_cpu_ms_per_step']} ms against {bench['jsonl_cpu_ms_per_step']} ms, a ratio of "
+            f"{bench['cpu_ratio']} (load average {bench['load_average']} on {bench['cpus']} CPUs during the run)."
+            if "cpu_ratio" in bench
+            else ""
+        )
+    ]
 
 
 GROUPS = ("model", "data", "parallel", "optimizer", "logger", "check", "sweep", "abort", "trainer", "experiment", "hydra", "build")
