@@ -1,9 +1,10 @@
 """The cold first compiled step of a model (model=moe by default) and its compiled against eager step time, for
-this checkout and, with --baseline, for another git revision of it, taking turns.
+this checkout and, with --baseline, for another git revision of it, or with --env, under inductor settings, in turns.
 
     python bench/moe_compile.py                          # this checkout: eager, then compiled cold, 2 rounds
     python bench/moe_compile.py --baseline main          # also `main` (git archive to a temporary folder), in turns
     python bench/moe_compile.py --rounds 3 -- model=gqa  # another model (Hydra overrides after --)
+    python bench/moe_compile.py --no-eager --env TORCHINDUCTOR_COMPILE_THREADS=1 -- model=gqa   # an inductor option
 
 Each run is `python launch.py <TINY dims> model.n_layers=2 trainer.max_steps=STEPS ...` in a fresh process and a
 fresh run folder, so the compile cache (<run folder>/../.compile_cache) starts empty: the first step pays the whole
@@ -41,10 +42,19 @@ TINY = [
 ]
 
 
-def run_once(tree: Path, overrides: list[str], compile: bool, steps: int, folder: Path) -> dict[str, float]:
+def run_once(tree: Path, overrides: list[str], compile: bool, steps: int, folder: Path, extra_env: dict[str, str]) -> dict[str, float]:
     run_dir = folder / "run"
-    args = [sys.executable, str(tree / "launch.py"), *TINY, f"trainer.max_steps={steps}", *overrides, f"trainer.compile={str(compile).lower()}", f"hydra.run.dir={run_dir}"]
+    args = [
+        sys.executable,
+        str(tree / "launch.py"),
+        *TINY,
+        f"trainer.max_steps={steps}",
+        *overrides,
+        f"trainer.compile={str(compile).lower()}",
+        f"hydra.run.dir={run_dir}",
+    ]
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}  # the run folder's own (empty) cache
+    env.update(extra_env)
     started = time.perf_counter()
     result = subprocess.run(args, cwd=tree, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - started
@@ -67,23 +77,28 @@ def main() -> None:
     parser.add_argument("--baseline", help="a git revision of this repository to measure in turns with the checkout")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8, help="steps per run (the first compiles)")
+    parser.add_argument("--env", action="append", default=[], help="KEY=VALUE: also this checkout with this environment variable")
+    parser.add_argument("--no-eager", action="store_true", help="compiled runs only")
     parser.add_argument("overrides", nargs="*", default=["model=moe"], help="Hydra overrides (default: model=moe)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="moe_compile_") as tmp:
-        trees = {"checkout": ROOT}
+        trees = {"checkout": (ROOT, {})}
+        for setting in args.env:
+            key, _, value = setting.partition("=")
+            trees[setting] = (ROOT, {key: value})
         if args.baseline:
             base = Path(tmp) / "baseline"
             base.mkdir()
             archive = subprocess.run(["git", "archive", args.baseline], cwd=ROOT, capture_output=True, check=True).stdout
             subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
-            trees = {args.baseline: base, **trees}
+            trees = {args.baseline: (base, {}), **trees}
         results: dict[tuple[str, bool], list[dict[str, float]]] = {}
         for round_ in range(args.rounds):
-            for name, tree in trees.items():
-                for compile in (False, True):
-                    folder = Path(tmp) / f"{name.replace('/', '_')}-{compile}-{round_}"
-                    measured = run_once(tree, args.overrides, compile, args.steps, folder)
+            for index, (name, (tree, env)) in enumerate(trees.items()):
+                for compile in (True,) if args.no_eager else (False, True):
+                    folder = Path(tmp) / f"{index}-{compile}-{round_}"
+                    measured = run_once(tree, args.overrides, compile, args.steps, folder, env)
                     results.setdefault((name, compile), []).append(measured)
                     print(f"round {round_} {name} compile={compile}: {measured}", flush=True)
 
@@ -91,17 +106,17 @@ def main() -> None:
     print("| tree | graphs | cold first compiled step s | eager step ms | compiled step ms | compiled / eager step |")
     print("|---|---|---|---|---|---|")
     for name in trees:
-        eager, compiled = results[(name, False)], results[(name, True)]
+        compiled = results[(name, True)]
+        eager = results.get((name, False), compiled)
 
         def spread(rows, key, scale=1.0):
             values = [row[key] * scale for row in rows]
             return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
 
         ratios = [c["step"] / e["step"] for e, c in zip(eager, compiled)]
-        print(
-            f"| {name} | {compiled[0]['graphs']} | {spread(compiled, 'first_step')} | {spread(eager, 'step', 1e3)} | "
-            f"{spread(compiled, 'step', 1e3)} | {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) |"
-        )
+        eager_cell = "-" if args.no_eager else spread(eager, "step", 1e3)
+        ratio_cell = "-" if args.no_eager else f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+        print(f"| {name} | {compiled[0]['graphs']} | {spread(compiled, 'first_step')} | {eager_cell} | {spread(compiled, 'step', 1e3)} | {ratio_cell} |")
 
 
 if __name__ == "__main__":
