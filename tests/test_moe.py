@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from torch._dynamo.utils import counters
 
 from currytrain.model import build_model

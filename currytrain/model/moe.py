@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from currytrain.model.config import MOE_GATINGS

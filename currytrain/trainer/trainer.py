@@ -233,11 +233,18 @@ class Trainer:
         AUTO_PROBE_STEPS eager steps after the first and choose then (probe_auto_compile)."""
         remaining = self.cfg.max_steps - self.step
         if not compiles_whole(self.state) or self.pipeline is not None:
-            self.choose_compile(CompileChoice(False, "with parallelism the blocks compile when the model is built: trainer.compile=auto chooses on one process only; pass trainer.compile=true"))
+            self.choose_compile(
+                CompileChoice(
+                    False,
+                    "with parallelism the blocks compile when the model is built: trainer.compile=auto chooses on one process only; pass trainer.compile=true",
+                )
+            )
         elif self.state.device.type != "cuda" and compiler_missing():
             self.choose_compile(CompileChoice(False, "no C++ compiler ($CXX, else g++) for torch.compile's CPU kernels"))
         elif remaining <= 1 + AUTO_PROBE_STEPS:
-            self.choose_compile(CompileChoice(False, f"{remaining} steps to run: too few to time eager steps and repay a compilation", {"remaining_steps": remaining}))
+            self.choose_compile(
+                CompileChoice(False, f"{remaining} steps to run: too few to time eager steps and repay a compilation", {"remaining_steps": remaining})
+            )
         else:
             self.probe_from = self.step + 2  # the first step warms up
 
