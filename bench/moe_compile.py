@@ -9,7 +9,9 @@ this checkout and, with --baseline, for another git revision of it, or with --en
 Each run is `python launch.py <TINY dims> model.n_layers=2 trainer.max_steps=STEPS ...` in a fresh process and a
 fresh run folder, so the compile cache (<run folder>/../.compile_cache) starts empty: the first step pays the whole
 compilation. Read back from the run: the journal's `compile` event (first step seconds, graphs dynamo compiled)
-and the median `train/step_seconds` of the steps after the first (metrics.jsonl). Rounds alternate the trees and
+the median `train/step_seconds` of the steps after the first (metrics.jsonl), and the CPU seconds of the run's
+process and the compilers it started (what compilation costs, whatever the load; with eager runs, less the eager
+run's). Rounds alternate the trees and
 eager/compiled, so load from other processes on a shared machine hits both alike; quote medians.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -55,9 +58,11 @@ def run_once(tree: Path, overrides: list[str], compile: bool, steps: int, folder
     ]
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}  # the run folder's own (empty) cache
     env.update(extra_env)
-    started = time.perf_counter()
+    started, used = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     result = subprocess.run(args, cwd=tree, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the run's process and the compilers it waited for
+    cpu = after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(args)} failed:\n{result.stderr[-3000:]}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -66,6 +71,7 @@ def run_once(tree: Path, overrides: list[str], compile: bool, steps: int, folder
     report = next((e for e in events if e.get("type") == "compile"), {})
     return {
         "wall": wall,
+        "cpu": cpu,
         "first_step": report.get("first_step_seconds", seconds[0]),
         "graphs": report.get("graphs", 0),
         "step": statistics.median(seconds[1:]),
@@ -103,8 +109,8 @@ def main() -> None:
                     print(f"round {round_} {name} compile={compile}: {measured}", flush=True)
 
     print(f"\n{' '.join(args.overrides)}, TINY dims, 2 layers; medians over {args.rounds} rounds (min-max); load {os.getloadavg()[0]:.1f}")
-    print("| tree | graphs | cold first compiled step s | eager step ms | compiled step ms | compiled / eager step |")
-    print("|---|---|---|---|---|---|")
+    print("| tree | graphs | cold first compiled step s | CPU s, compiled run - eager run | eager step ms | compiled step ms | compiled / eager step |")
+    print("|---|---|---|---|---|---|---|")
     for name in trees:
         compiled = results[(name, True)]
         eager = results.get((name, False), compiled)
@@ -116,7 +122,10 @@ def main() -> None:
         ratios = [c["step"] / e["step"] for e, c in zip(eager, compiled)]
         eager_cell = "-" if args.no_eager else spread(eager, "step", 1e3)
         ratio_cell = "-" if args.no_eager else f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
-        print(f"| {name} | {compiled[0]['graphs']} | {spread(compiled, 'first_step')} | {eager_cell} | {spread(compiled, 'step', 1e3)} | {ratio_cell} |")
+        extra = [{"cpu": c["cpu"] - (0.0 if args.no_eager else e["cpu"])} for e, c in zip(eager, compiled)]
+        print(
+            f"| {name} | {compiled[0]['graphs']} | {spread(compiled, 'first_step')} | {spread(extra, 'cpu')} | {eager_cell} | {spread(compiled, 'step', 1e3)} | {ratio_cell} |"
+        )
 
 
 if __name__ == "__main__":
