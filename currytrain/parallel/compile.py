@@ -145,7 +145,7 @@ def record_compile_seconds(cache_dir: Path, signature: str, seconds: float) -> N
 def choose_compile(eager_step_seconds: float, remaining_steps: int, compile_seconds: float, measured: bool) -> CompileChoice:
     """Compile when the eager time it is expected to save over the remaining steps exceeds what compiling costs."""
     saving = eager_step_seconds * remaining_steps * COMPILE_SAVING
-    source = "measured by an earlier compiled run of this setup" if measured else "assumed (no compiled run of this setup yet)"
+    source = "measured by an earlier compiled run of this setup" if measured else "assumed: no compiled run of this setup has measured one"
     numbers = {
         "eager_step_seconds": round(eager_step_seconds, 4),
         "remaining_steps": remaining_steps,
@@ -156,6 +156,6 @@ def choose_compile(eager_step_seconds: float, remaining_steps: int, compile_seco
     verdict = "repays" if saving > compile_seconds else "does not repay"
     reason = (
         f"{remaining_steps} remaining steps x {eager_step_seconds:.3f} s eager x {COMPILE_SAVING:.0%} expected saving = {saving:.1f} s "
-        f"{verdict} a compilation of {compile_seconds:.1f} s ({source})"
+        f"{verdict} a compilation of {compile_seconds:.1f} s, {source}"
     )
     return CompileChoice(saving > compile_seconds, reason, numbers)
