@@ -154,7 +154,7 @@ def step_benchmark(cfg: DictConfig, steps: int = 20, warmup: int = 3) -> dict[st
         "threads": torch.get_num_threads(),
         "steps": steps,
         "tokens_per_step": tokens,
-        "compile": bool(trainer.compile),
+        "compile": trainer.compile,
         "warmup_seconds": warmup_seconds,
         "step_seconds": {"median": median, "min": min(times), "max": max(times)},
         "tokens_per_s": tokens / median,

@@ -74,8 +74,10 @@ def build_components(cfg: DictConfig, state: ParallelState, data: Any = None, mo
     data = build(cfg.data) if data is None else data
     parallel = build(cfg.parallel)
     # trainer.compile: one graph of forward and loss on one process, else per block (see compiles_whole).
-    whole = cfg.trainer.compile and compiles_whole(state)
-    per_block = cfg.trainer.compile and not whole
+    # (trainer.compile=auto builds eager; the Trainer compiles the forward and loss later if it chooses to.)
+    compile = cfg.trainer.compile is True
+    whole = compile and compiles_whole(state)
+    per_block = compile and not whole
     model = parallel.apply(build_model(cfg.model) if model is None else model, state, cfg.model, cfg.trainer.precision, compile=per_block)
     # The optimizer sees the parallelized model (FSDP's sharded parameters); ZeRO-1 then wraps it.
     optimizer = parallel.wrap_optimizer(build(cfg.optimizer, exclude=["schedule"], model=model), state)

@@ -4,6 +4,7 @@ loss as one graph on one process, the persistent compile cache)."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 
 from conftest import launch, launch_subprocess
 from currytrain.journal import read_journal
+from currytrain.parallel.compile import record_compile_seconds, recorded_compile_seconds
 from currytrain.trainer.hooks import CONTINUE, Decision
 from currytrain.trainer.step import accumulated_step
 from currytrain.trainer.trainer import Trainer
@@ -122,3 +124,54 @@ def test_compiled_training_matches_eager_and_a_second_run_reuses_the_cache(compi
     # The second run, a fresh process, loads every graph from the cache in the runs' parent folder.
     assert reports["warm"]["cache_hits"] > 0 and reports["warm"]["cache_misses"] == 0, reports
     assert _losses(compiled_runs["warm"]) == cold
+
+
+def _events(run_dir: Path, kind: str) -> list[dict]:
+    return [event for event in read_journal(run_dir / "journal.jsonl") if event["type"] == kind]
+
+
+def test_compile_auto_stays_eager_where_the_run_cannot_repay_it(compose_cfg, tmp_path):
+    """TINY steps take milliseconds: two timed eager steps times the remaining ones cannot repay the assumed compile
+    cost, so auto stays eager, and says so, with its figures, in the journal."""
+    cfg = compose_cfg(FAST_DATA, "trainer.max_steps=8", "trainer.eval_every=100", "trainer.compile=auto", "logger=[jsonl]")
+    Trainer(cfg, tmp_path / "run").train()
+    (choice,) = _events(tmp_path / "run", "compile_choice")
+    assert choice["choice"] == "eager" and choice["step"] == 3, choice
+    assert choice["compile_seconds_source"] == "assumed" and choice["remaining_steps"] == 5
+    assert choice["expected_saving_seconds"] < choice["compile_seconds"]
+    assert "does not repay" in choice["reason"]
+    assert not _events(tmp_path / "run", "compile")
+    # Too short to time anything: eager at once.
+    short = compose_cfg(FAST_DATA, "trainer.max_steps=3", "trainer.eval_every=100", "trainer.compile=auto", "logger=[jsonl]")
+    Trainer(short, tmp_path / "short").train()
+    (choice,) = _events(tmp_path / "short", "compile_choice")
+    assert choice["choice"] == "eager" and choice["step"] == 0 and "too few" in choice["reason"]
+
+
+def test_compile_auto_rejects_other_values(tmp_path):
+    result = launch("trainer.compile=sometimes", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 2
+    assert "trainer.compile='sometimes' must be true, false or auto" in result.stderr + result.stdout
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow  # it compiles the TINY model (30-90 s on 2 shared cores)
+def test_compile_auto_compiles_when_a_measured_cost_is_repaid_and_trains_as_eager(compose_cfg, tmp_path):
+    """A compile cost recorded by an earlier compiled run of the same setup (here: a cheap one, written first) is
+    repaid by the remaining steps: auto compiles from the step after its choice; the losses stay eager's."""
+    overrides = (FAST_DATA, "model.n_layers=2", "trainer.max_steps=6", "trainer.eval_every=100", "logger=[jsonl]")
+    Trainer(compose_cfg(*overrides, "trainer.compile=false"), tmp_path / "eager").train()
+    trainer = Trainer(compose_cfg(*overrides, "trainer.compile=auto"), tmp_path / "auto")
+    cache = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    assert cache == (tmp_path / ".compile_cache").resolve()
+    record_compile_seconds(cache, trainer.compile_signature, 0.001)
+    trainer.train()
+    (choice,) = _events(tmp_path / "auto", "compile_choice")
+    assert choice["choice"] == "compile" and choice["step"] == 3 and choice["compile_seconds_source"] == "measured", choice
+    (report,) = _events(tmp_path / "auto", "compile")
+    assert report["step"] == 4 and report["graphs"] >= 1
+    # The compiled run records its own cost for the next auto run of this setup.
+    assert recorded_compile_seconds(cache, trainer.compile_signature) == report["first_step_seconds"]
+    eager, auto = _losses(tmp_path / "eager"), _losses(tmp_path / "auto")
+    assert len(eager) == len(auto) == 6
+    assert all(abs(a - b) < 1e-4 for a, b in zip(eager, auto)), (eager, auto)

@@ -7,7 +7,8 @@ One MoE layer, for the T tokens of a forward pass:
   2. build_dispatch groups the T * top_k assignments by expert; with a capacity it drops the ones that
      overflow an expert's slots, first choices before second choices (GShard), earlier tokens first.
   3. GroupedExperts runs every expert on its group at once: a padded (experts, capacity, dim) batch of
-     matmuls, or, dropless, one matmul per expert over its contiguous slice. No loop over tokens.
+     matmuls, or, dropless, one matmul per expert over its contiguous slice (model/grouped.py: one operator of
+     static shape, so torch.compile sees the whole layer as one graph). No loop over tokens.
   4. The expert outputs, scaled by the router weights, are summed back into each token's row.
 """
 
@@ -19,11 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from currytrain.model.config import MOE_GATINGS
 from currytrain.model.decoder import RopeDecoder
+from currytrain.model.grouped import grouped_linear
 from currytrain.model.layers import ACTIVATIONS, SwiGLU
 
 
@@ -41,6 +42,13 @@ class Routing:
     """(T, E) raw router scores: what the z-loss penalises."""
 
 
+def expert_counts(indices: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """(E,) how many of `indices` name each expert: bincount with a static shape (bincount's length depends on the
+    largest index, so torch.compile cannot trace it without breaking the graph)."""
+    flat = indices.flatten()
+    return torch.zeros(num_experts, dtype=torch.long, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
+
+
 def load_balancing_loss(probs: torch.Tensor, indices: torch.Tensor, num_experts: int, counts: torch.Tensor | None = None) -> torch.Tensor:
     """Switch/GShard balance loss E * sum_i f_i * P_i.
 
@@ -52,7 +60,7 @@ def load_balancing_loss(probs: torch.Tensor, indices: torch.Tensor, num_experts:
     parallelism passes the global batch's, so that the mean of every rank's loss is the global batch's loss).
     """
     if counts is None:
-        counts = torch.bincount(indices.flatten(), minlength=num_experts)
+        counts = expert_counts(indices, num_experts)
     fraction = counts.to(probs.dtype) / counts.sum()
     return num_experts * torch.sum(fraction * probs.mean(0))
 
@@ -188,7 +196,7 @@ def build_dispatch(indices: torch.Tensor, weights: torch.Tensor, num_experts: in
     weight = weights.t().reshape(-1)
     order = torch.argsort(expert, stable=True)
     expert, token, weight = expert[order], token[order], weight[order]
-    counts = torch.bincount(expert, minlength=num_experts)
+    counts = expert_counts(expert, num_experts)
     if capacity is None:
         return Dispatch(token=token, expert=expert, weight=weight, counts=counts, capacity=None)
     queue_start = torch.cumsum(counts, dim=0) - counts
@@ -225,13 +233,13 @@ class GroupedExperts(nn.Module):
         hidden = self.act(torch.bmm(x, self.w1.transpose(1, 2))) * torch.bmm(x, self.w3.transpose(1, 2))
         return torch.bmm(hidden, self.w2.transpose(1, 2))
 
-    def forward_grouped(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        """x: (N, dim) rows grouped by expert, counts[e] rows for expert e -> (N, dim). No padding."""
-        outputs = []
-        # unbind, not w1[e]: its backward stacks once instead of accumulating a full-size zero gradient per expert.
-        for rows, w1, w3, w2 in zip(x.split(counts), self.w1.unbind(0), self.w3.unbind(0), self.w2.unbind(0)):
-            outputs.append(F.linear(self.act(F.linear(rows, w1)) * F.linear(rows, w3), w2))
-        return torch.cat(outputs)
+    def forward_grouped(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """x: (N, dim) rows grouped by expert, counts[e] rows for expert e (an (E,) tensor) -> (N, dim). No padding.
+
+        Each weight is one grouped_linear (a matmul per expert inside one operator of static shape), so that
+        torch.compile traces the whole layer as one graph."""
+        hidden = self.act(grouped_linear(x, self.w1, counts)) * grouped_linear(x, self.w3, counts)
+        return grouped_linear(hidden, self.w2, counts)
 
 
 @dataclass
@@ -296,8 +304,8 @@ class MoE(nn.Module):
         routing = self.router(x)
         dispatch = build_dispatch(routing.indices, routing.weights, self.num_experts, self.capacity(num_tokens))
         if dispatch.capacity is None:
-            # Dropless: each expert's rows are a contiguous slice; the split sizes need one host sync.
-            out = self.experts.forward_grouped(x.index_select(0, dispatch.token), dispatch.counts.tolist())
+            # Dropless: each expert's rows are a contiguous slice, run by one operator (no host sync in the graph).
+            out = self.experts.forward_grouped(x.index_select(0, dispatch.token), dispatch.counts)
         else:
             out = self._run_padded(x, dispatch)
         contributions = out * dispatch.weight.to(out.dtype).unsqueeze(-1)

@@ -4,8 +4,11 @@ per block and the compiled loss; the persistent compile cache and what the compi
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -82,3 +85,77 @@ def compile_report(first_step_seconds: float) -> dict[str, Any]:
         "cache_misses": int(counters["inductor"]["fxgraph_cache_miss"]),
         "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR", ""),
     }
+
+
+AUTO_PROBE_STEPS = 2
+"""Eager steps trainer.compile=auto times, after the first (which warms up), before it chooses."""
+COMPILE_SAVING = 0.2
+"""The share of an eager step compilation is expected to save: conservative against what docs/performance.md measures
+(tiny gqa fp32 on 2 CPU cores: 1.31x eager, a 24% saving)."""
+DEFAULT_COMPILE_SECONDS = 60.0
+"""The compile cost trainer.compile=auto assumes before a compiled run of the same setup has measured one (a cold
+TINY 2-layer gqa or moe took 30-90 s on 2 loaded CPU cores; docs/performance.md)."""
+COSTS_FILE = "compile_costs.jsonl"
+"""In the compile cache folder: one line per compiled run, {signature, seconds} (its first step's seconds)."""
+
+
+@dataclass
+class CompileChoice:
+    """What trainer.compile=auto chose, and why (journaled as the `compile_choice` event)."""
+
+    compile: bool
+    reason: str
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+    def event(self) -> dict[str, Any]:
+        return {"choice": "compile" if self.compile else "eager", "reason": self.reason, **self.numbers}
+
+
+def compile_signature(setup: dict[str, Any]) -> str:
+    """A short key for what decides the compiled graphs (model config, shapes, precision, device, torch version)."""
+    text = json.dumps({**setup, "torch": torch.__version__}, sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def recorded_compile_seconds(cache_dir: Path, signature: str) -> float | None:
+    """The latest compile cost measured for `signature` in `cache_dir` (warm when inductor's cache already held the
+    graphs: then it is the cost of loading them), or None."""
+    path = Path(cache_dir) / COSTS_FILE
+    if not path.is_file():
+        return None
+    seconds = None
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a crash: the others still count
+            continue
+        if row.get("signature") == signature:
+            seconds = float(row["seconds"])
+    return seconds
+
+
+def record_compile_seconds(cache_dir: Path, signature: str, seconds: float) -> None:
+    """Append a compiled run's first-step seconds to the cache folder's record, for trainer.compile=auto to read."""
+    path = Path(cache_dir) / COSTS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps({"signature": signature, "seconds": round(seconds, 3)}) + "\n")
+
+
+def choose_compile(eager_step_seconds: float, remaining_steps: int, compile_seconds: float, measured: bool) -> CompileChoice:
+    """Compile when the eager time it is expected to save over the remaining steps exceeds what compiling costs."""
+    saving = eager_step_seconds * remaining_steps * COMPILE_SAVING
+    source = "measured by an earlier compiled run of this setup" if measured else "assumed: no compiled run of this setup has measured one"
+    numbers = {
+        "eager_step_seconds": round(eager_step_seconds, 4),
+        "remaining_steps": remaining_steps,
+        "expected_saving_seconds": round(saving, 2),
+        "compile_seconds": round(compile_seconds, 2),
+        "compile_seconds_source": "measured" if measured else "assumed",
+    }
+    verdict = "repays" if saving > compile_seconds else "does not repay"
+    reason = (
+        f"{remaining_steps} remaining steps x {eager_step_seconds:.3f} s eager x {COMPILE_SAVING:.0%} expected saving = {saving:.1f} s "
+        f"{verdict} a compilation of {compile_seconds:.1f} s, {source}"
+    )
+    return CompileChoice(saving > compile_seconds, reason, numbers)

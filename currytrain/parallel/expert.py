@@ -57,8 +57,8 @@ class ExpertParallelExperts(GroupedExperts):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError("expert parallelism is dropless (model.capacity_factor=0); validation refuses a capacity")
 
-    def forward_grouped(self, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        sent = torch.tensor(counts, device=x.device)
+    def forward_grouped(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        sent = counts.clone()
         received = torch.empty_like(sent)
         dist.all_to_all_single(received, sent, group=self.group)  # [source rank, owned expert] counts
         received = received.view(self.ep_size, self.num_local)

@@ -19,6 +19,7 @@ def compiler_missing() -> bool:
 
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16", "fp16")
+COMPILE_CHOICES = (True, False, "auto")
 
 
 @dataclass
@@ -63,11 +64,14 @@ class TrainerConfig:
     """fp32, bf16 (autocast; the weights and optimizer stay fp32) or fp16 (autocast + loss scaling; CUDA only)."""
     progress: bool = True
     """Show the rich progress bar (step, loss, tokens/s, ETA)."""
-    compile: bool = False
-    """torch.compile the model and the loss (inductor; on CPU it needs a C++ compiler): as one graph in one
-    process, block by block under parallelism (docs/performance.md). The first step pays the compilation (the
-    journal's `compile` event says how long); the compiled code is cached in <run folder>/../.compile_cache, so
-    a later run of the same shapes starts fast."""
+    compile: Any = False
+    """true, false or auto. true: torch.compile the model and the loss (inductor; on CPU it needs a C++ compiler): as
+    one graph in one process, block by block under parallelism (docs/performance.md). The first step pays the
+    compilation (the journal's `compile` event says how long); the compiled code is cached in
+    <run folder>/../.compile_cache, so a later run of the same shapes starts fast. auto (one process): times two
+    eager steps, then compiles only when the eager time it expects to save over the remaining steps exceeds the
+    compile cost (measured by an earlier compiled run of the same setup in that cache folder, else assumed); the
+    journal's `compile_choice` event says which it chose and why."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
@@ -78,7 +82,9 @@ class TrainerConfig:
                 f"{path}.resume_mode=weights resumes the model weights of a checkpoint, and {path}.resume=none names none: pass {path}.resume=auto "
                 f"(or a checkpoint), or use {path}.init_from=<weights> to start a new run from them"
             )
-        if node.compile and node.device != "cuda" and compiler_missing():
+        if node.compile not in COMPILE_CHOICES:
+            problems.append(f"{path}.compile={node.compile!r} must be true, false or auto: pass {path}.compile=auto (or true, false)")
+        elif node.compile is True and node.device != "cuda" and compiler_missing():
             problems.append(
                 f"{path}.compile=true needs a C++ compiler for torch.compile's CPU kernels, and neither $CXX nor g++ is on PATH: "
                 f"install one (e.g. apt-get install g++) or set CXX, or pass {path}.compile=false"

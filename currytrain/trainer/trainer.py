@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
 import time
 import warnings
@@ -23,10 +24,22 @@ from currytrain.journal import Journal
 from currytrain.logger.base import MultiLogger, ending_status
 from currytrain.model.protocol import HasTrainingMetrics, full
 from currytrain.optim.builders import schedule_lambda
-from currytrain.parallel.compile import compile_report, use_compile_cache
+from currytrain.parallel.compile import (
+    AUTO_PROBE_STEPS,
+    DEFAULT_COMPILE_SECONDS,
+    CompileChoice,
+    choose_compile,
+    compile_forward_loss,
+    compile_report,
+    compile_signature,
+    compiles_whole,
+    record_compile_seconds,
+    recorded_compile_seconds,
+    use_compile_cache,
+)
 from currytrain.parallel.memory import optimizer_state_bytes, param_bytes
 from currytrain.parallel.state import ParallelState, resolve_device
-from currytrain.trainer.config import TrainerConfig
+from currytrain.trainer.config import TrainerConfig, compiler_missing
 from currytrain.trainer.heartbeat import Heartbeat
 from currytrain.trainer.hooks import Action, Decision, StepHook, decide
 from currytrain.trainer.progress import Progress
@@ -70,7 +83,7 @@ class Trainer:
         parts = components or build_components(cfg, self.state)
         self.data, self.model, self.optimizer, self.scheduler = parts.data, parts.model, parts.optimizer, parts.scheduler
         self.module = parts.module  # the model with its own parameter names, for checkpoints and weight loading
-        self.autocast_dtype, self.forward_loss = parts.autocast_dtype, parts.forward_loss
+        self.autocast_dtype, self.forward_loss, self.loss_fn = parts.autocast_dtype, parts.forward_loss, parts.loss_fn
         self.score = parts.score  # the task loss eval reports: the model's own loss() when it has one
         self.pipeline = parts.pipeline  # pipeline parallelism: its schedule steps (and evaluates) this rank's stages
         # fp16 needs loss scaling (validation allows it on CUDA only); bf16 has fp32's range and needs none.
@@ -92,6 +105,14 @@ class Trainer:
         self.pending: list[tuple[int, DeviceStep, float]] = []  # steps whose results are still on the device
         self.metrics: dict[str, float] = {}  # the latest fetched step's
         self.fetched_at = time.perf_counter()
+        # trainer.compile: the step that compiles (the first; under auto, the one after the choice), whose fetch
+        # journals the `compile` event; what the compiled graphs depend on, to record and look up their cost.
+        self.compile_step: int | None = None
+        self.auto_compile = self.cfg.compile == "auto"  # still to choose
+        self.probe_from: int | None = None
+        self.probe_started = 0.0
+        setup = {"model": model_node, "precision": self.cfg.precision, "batch_size": self.cfg.batch_size, "grad_accum": self.cfg.grad_accum}
+        self.compile_signature = compile_signature({**setup, "seq_len": self.data.seq_len, "device": self.state.device.type, "world": self.state.world_size})
 
     @property
     def step(self) -> int:
@@ -121,6 +142,10 @@ class Trainer:
         num_params = sum(p.numel() for p in self.model.parameters())
         self.journal.event("start", step=self.step, num_params=num_params, device=str(self.state.device), data=self.data.describe())
         log.info("model: %.2fM parameters on %s; %d tokens per step", num_params / 1e6, self.state.device, self.tokens_per_step)
+        if self.cfg.compile is True:
+            self.compile_step = self.step + 1
+        elif self.auto_compile:
+            self.start_auto_compile()
         started = self.fetched_at = time.perf_counter()
         progress = Progress(self.cfg.max_steps, self.step, enabled=self.cfg.progress and self.state.is_main)
         with progress, self.stop_signals.installed(handled_signals(self.state.world_size)):
@@ -165,6 +190,8 @@ class Trainer:
             loss_context=self.state.loss_context,
             pipeline=self.pipeline,
         )
+        if self.auto_compile:
+            self.probe_auto_compile(step)
         if not self.memory_logged:
             self.log_memory(pending.grad_bytes)
         # 5. scheduler step
@@ -202,7 +229,53 @@ class Trainer:
     def is_fetch_step(self, step: int) -> bool:
         cfg = self.cfg
         every = [cfg.log_every, cfg.eval_every] + ([cfg.checkpoint_every] if cfg.checkpoint_every else [])
-        return step == cfg.max_steps or any(step % n == 0 for n in every)
+        # compile=auto fetches the step before the compiled one too, so that the compile event times that step alone.
+        compiling = self.compile_step is not None and step in (self.compile_step - 1, self.compile_step)
+        return step == cfg.max_steps or compiling or any(step % n == 0 for n in every)
+
+    def start_auto_compile(self) -> None:
+        """trainer.compile=auto: choose eager at once where compiling cannot be had or cannot pay, else time
+        AUTO_PROBE_STEPS eager steps after the first and choose then (probe_auto_compile)."""
+        remaining = self.cfg.max_steps - self.step
+        if not compiles_whole(self.state) or self.pipeline is not None:
+            self.choose_compile(
+                CompileChoice(
+                    False,
+                    "with parallelism the blocks compile when the model is built: trainer.compile=auto chooses on one process only; pass trainer.compile=true",
+                )
+            )
+        elif self.state.device.type != "cuda" and compiler_missing():
+            self.choose_compile(CompileChoice(False, "no C++ compiler ($CXX, else g++) for torch.compile's CPU kernels"))
+        elif remaining <= 1 + AUTO_PROBE_STEPS:
+            self.choose_compile(
+                CompileChoice(False, f"{remaining} steps to run: too few to time eager steps and repay a compilation", {"remaining_steps": remaining})
+            )
+        else:
+            self.probe_from = self.step + 2  # the first step warms up
+
+    def probe_auto_compile(self, step: int) -> None:
+        """Time AUTO_PROBE_STEPS eager steps (waiting for the device at both ends), then choose."""
+        if step + 1 == self.probe_from or step == self.probe_from - 1 + AUTO_PROBE_STEPS:
+            if self.state.device.type == "cuda":
+                torch.cuda.synchronize(self.state.device)
+            now = time.perf_counter()
+            if step + 1 == self.probe_from:
+                self.probe_started = now
+                return
+            cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+            recorded = recorded_compile_seconds(Path(cache), self.compile_signature) if cache else None
+            seconds = recorded if recorded is not None else DEFAULT_COMPILE_SECONDS
+            eager = (now - self.probe_started) / AUTO_PROBE_STEPS
+            self.choose_compile(choose_compile(eager, self.cfg.max_steps - step, seconds, measured=recorded is not None))
+
+    def choose_compile(self, choice: CompileChoice) -> None:
+        """Journal trainer.compile=auto's choice; when it compiles, the next step runs the compiled forward and loss."""
+        self.auto_compile = False
+        self.journal.event("compile_choice", step=self.step, **choice.event())
+        log.info("trainer.compile=auto: %s (%s)", "compiling" if choice.compile else "eager", choice.reason)
+        if choice.compile:
+            self.forward_loss = compile_forward_loss(self.model, self.loss_fn, self.data)
+            self.compile_step = self.step + 1
 
     def fetch_pending(self) -> list[dict[str, float]]:
         """Metrics of each step since the last fetch: one device-to-host copy, and one all-reduce of the losses
@@ -214,8 +287,11 @@ class Trainer:
         losses = self.state.mean_over("loss", torch.tensor([result.loss for result in results], device=self.state.device)).tolist()
         now = time.perf_counter()
         seconds, self.fetched_at = (now - self.fetched_at) / len(steps), now
-        if not self.metrics and self.cfg.compile:  # the first step compiled the graphs
-            self.journal.event("compile", step=steps[0], **compile_report(seconds))
+        if self.compile_step in steps:  # this step compiled the graphs
+            report = compile_report(seconds)
+            self.journal.event("compile", step=self.compile_step, **report)
+            if self.state.is_main and report["cache_dir"]:
+                record_compile_seconds(Path(report["cache_dir"]), self.compile_signature, report["first_step_seconds"])
         metrics = []
         for step, result, loss, lr, seen in zip(steps, results, losses, lrs, tokens):
             if result.skipped:
