@@ -113,14 +113,14 @@ class Killer(_QuietLogger):
 
         self.at, self.where, self.step = at, where, 0
         if where == "eval":
-            loss = trainer.causal_lm_loss
+            evaluate = trainer.Trainer.evaluate
 
-            def killing_loss(logits, targets):
-                if self.step == at and not torch_is_grad_enabled():
+            def killing_evaluate(trainer_self, *args, **kwargs):
+                if self.step == at:
                     _kill_self()
-                return loss(logits, targets)
+                return evaluate(trainer_self, *args, **kwargs)
 
-            trainer.causal_lm_loss = killing_loss
+            trainer.Trainer.evaluate = killing_evaluate
         elif where == "checkpoint":
             digests = checkpoint.file_digests
 

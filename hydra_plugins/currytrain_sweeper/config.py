@@ -12,7 +12,7 @@ Sampler and pruner nodes are open: any argument of the class can be set on the c
 
 import sys
 from dataclasses import dataclass, field
-from importlib.machinery import PathFinder
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -23,17 +23,30 @@ OFFICIAL_MODULE = f"{OFFICIAL_PACKAGE}.optuna_sweeper"
 """hydra-optuna-sweeper's module: its configs name `{OFFICIAL_MODULE}.OptunaSweeper`."""
 
 
-def official_plugin_installed() -> bool:
-    """Whether Hydra finds hydra-optuna-sweeper's sweeper module (looked up on the path, not imported)."""
-    if OFFICIAL_MODULE in sys.modules:
-        return True
+ALIAS_MARKER = "_currytrain_alias.py"
+"""A checkout's hydra_plugins/hydra_optuna_sweeper holds this file: that plugin's import path, handing out this
+sweeper (the wheel leaves the folder out), not the plugin."""
+
+
+def _plugin_folders() -> list[Path]:
+    """Every hydra_optuna_sweeper folder holding a sweeper module on the hydra_plugins path."""
     namespace = sys.modules.get("hydra_plugins")
-    if namespace is None:
-        return False
-    package = PathFinder.find_spec(OFFICIAL_PACKAGE, list(namespace.__path__))
-    if package is None or not package.submodule_search_locations:
-        return False
-    return PathFinder.find_spec(OFFICIAL_MODULE, list(package.submodule_search_locations)) is not None
+    folders = [Path(entry) / "hydra_optuna_sweeper" for entry in (namespace.__path__ if namespace is not None else [])]
+    return [folder for folder in folders if (folder / "optuna_sweeper.py").is_file()]
+
+
+def checkout_alias() -> bool:
+    """Whether this is a checkout whose hydra_plugins/hydra_optuna_sweeper hands out this sweeper."""
+    return any((folder / ALIAS_MARKER).is_file() for folder in _plugin_folders())
+
+
+def official_plugin_installed() -> bool:
+    """Whether Hydra finds hydra-optuna-sweeper's sweeper module (looked up on the path, not imported); a
+    checkout's alias of its import path is not it."""
+    module = sys.modules.get(OFFICIAL_MODULE)
+    if module is not None and getattr(module, "__file__", None):
+        return not (Path(module.__file__).parent / ALIAS_MARKER).is_file()
+    return any(not (folder / ALIAS_MARKER).is_file() for folder in _plugin_folders())
 
 
 @dataclass

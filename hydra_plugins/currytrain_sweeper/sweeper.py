@@ -12,7 +12,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
-from hydra_plugins.currytrain_sweeper.config import OFFICIAL_MODULE, OFFICIAL_PACKAGE, official_plugin_installed
+from hydra_plugins.currytrain_sweeper.config import OFFICIAL_MODULE, OFFICIAL_PACKAGE, checkout_alias, official_plugin_installed
 
 OPTUNA_MIN_MAJOR = 4
 
@@ -85,13 +85,16 @@ def _offer_official_class_path() -> type[CurryTrainSweeper]:
     hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper`, as lightning-hydra-template's do), while that plugin is
     not installed. Hydra registers plugin classes by the module and name they carry and finds a `_target_` by
     attribute lookup from the `hydra_plugins` package, so the class carries that plugin's module name and the
-    package gets an in-memory attribute chain to it. Nothing is written under that plugin's folder, nothing is
-    put in sys.modules (a Python import of its path still fails), and none of this happens with it installed."""
+    package gets an in-memory attribute chain to it (an installed wheel: nothing is written under that plugin's
+    folder, nothing is put in sys.modules); in a checkout, hydra_plugins/hydra_optuna_sweeper imports and hands
+    out this class. None of this happens with that plugin installed."""
     klass = type(
         "OptunaSweeper",
         (CurryTrainSweeper,),
         {"__module__": OFFICIAL_MODULE, "__doc__": "curryTrain's sweeper under hydra-optuna-sweeper's class path (that plugin is not installed)."},
     )
+    if checkout_alias():  # a checkout: that path imports, and hands out this class
+        return klass
     package, module = ModuleType(OFFICIAL_PACKAGE), ModuleType(OFFICIAL_MODULE)
     module.OptunaSweeper = klass
     package.optuna_sweeper = module
