@@ -20,8 +20,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from currytrain.build import target_problems
-from currytrain.data.base import BYTE_VOCAB
-from currytrain.data.config import PROBE_SPECIAL_TOKENS, DigitsConfig, ProbeConfig, TabularConfig
+from currytrain.data.base import BYTE_VOCAB, PROBE_SPECIAL_TOKENS
+from currytrain.data.config import DigitsConfig, ProbeConfig, TabularConfig
 from currytrain.errors import ConfigError, ConfigRejected, format_problems
 from currytrain.lock import acquire, held_by_another, holding
 from currytrain.model.config import DecoderConfig, GQAConfig, MLPConfig, MoEConfig

@@ -137,11 +137,6 @@ class Killer(_QuietLogger):
             _kill_self()
 
 
-def torch_is_grad_enabled() -> bool:
-    import torch
-
-    return torch.is_grad_enabled()
-
 
 class DiskFiller(_QuietLogger):
     """At step `at`, fills the file system of the run folder but `leave_bytes` (a ballast file): a disk

@@ -13,3 +13,7 @@ def stable_seed(*parts) -> int:
     """A 63-bit seed from the parts, identical across processes (unlike hash(), which is salted)."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+PROBE_SPECIAL_TOKENS = 3
+"""Token ids the probe tasks reserve (separator, query, noise) before their symbols: vocabulary = 3 + num_symbols."""

@@ -124,10 +124,6 @@ class TokensConfig:
         return problems + ([problem] if problem else []) + find_text_files(node.paths, node.suffixes)[1]
 
 
-PROBE_SPECIAL_TOKENS = 3
-"""Token ids the probe tasks reserve (separator, query, noise) before their symbols: vocabulary = 3 + num_symbols."""
-
-
 @dataclass
 class ProbeConfig:
     """Synthetic probe tasks that need one mechanism each (copy, recall, induction, parity, selective_copy)."""

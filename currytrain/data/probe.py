@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from currytrain.data.base import stable_seed
-from currytrain.data.config import PROBE_SPECIAL_TOKENS
+from currytrain.data.base import PROBE_SPECIAL_TOKENS, stable_seed
 
 SEP, QUERY, NOISE = 0, 1, 2
 FIRST_SYMBOL = PROBE_SPECIAL_TOKENS
