@@ -137,7 +137,6 @@ class Killer(_QuietLogger):
             _kill_self()
 
 
-
 class DiskFiller(_QuietLogger):
     """At step `at`, fills the file system of the run folder but `leave_bytes` (a ballast file): a disk
     that another job filled. With leave_bytes > 0 the journal's lines still fit and the next checkpoint
