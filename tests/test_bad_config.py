@@ -95,8 +95,17 @@ BAD_CONFIGS = [
 ]
 
 
+FAST_SAMPLE = 16
+"""`make test-fast` runs the first FAST_SAMPLE cases (a model, optimizer, data, trainer and resume error each); `make
+test` runs every case."""
+
+
 @pytest.mark.reliability(kind="bad input")
-@pytest.mark.parametrize(("overrides", "expected"), BAD_CONFIGS, ids=[" ".join(o) for o, _ in BAD_CONFIGS])
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [case if index < FAST_SAMPLE else pytest.param(*case, marks=pytest.mark.slow) for index, case in enumerate(BAD_CONFIGS)],
+    ids=[" ".join(o) for o, _ in BAD_CONFIGS],
+)
 def test_bad_config_exits_2_with_one_clear_message(overrides, expected, tmp_path):
     run_dir = tmp_path / "run"
     result = launch(*overrides, f"hydra.run.dir={run_dir}")

@@ -514,6 +514,7 @@ def test_cli_offline_without_cache_names_the_local_path(tmp_path):
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_silent_hub_fails_within_seconds(tmp_path, monkeypatch):
     """A Hub that accepts the connection and never answers: the cache is tried, then a clear error, no hang."""
     from huggingface_hub import constants

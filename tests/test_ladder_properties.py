@@ -41,6 +41,7 @@ def _is_findings(findings) -> None:
 # ------------------------------------------------------------------------------------------------ the fits
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.lists(st.tuples(st.floats(min_value=1e3, max_value=1e8), losses), min_size=2, max_size=6))
 def test_any_finite_losses_fit_a_power_law_and_give_intervals(points):
@@ -85,6 +86,7 @@ def test_the_issues_non_monotone_losses_fit_where_the_bootstrap_once_crashed():
     st.one_of(st.floats(min_value=0, max_value=1), st.just(math.nan)),
     st.one_of(st.floats(min_value=0, max_value=100), st.sampled_from([math.nan, math.inf])),
 )
+@pytest.mark.slow
 def test_scaling_assessment_answers_with_findings(fitted, held, std, dof):
     sizes = [40_000, 80_000, 140_000, 290_000]
     findings, _ = scaling_findings(sizes, fitted, "dim_96", 500_000, held, Noise(std, dof, "test"), bootstrap=5, target_params=10**7)

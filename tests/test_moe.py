@@ -329,6 +329,7 @@ def test_grouped_linear_under_autocast_computes_in_its_dtype():
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("capacity_factor", [0.0, 1.0])  # dropless (the grouped operator), padded with drops
 def test_moe_forward_and_loss_trace_as_one_graph_equal_to_the_per_token_reference(capacity_factor):
     """torch.compile (fullgraph: any graph break raises) over a whole MoE model's forward, loss and auxiliary losses:

@@ -219,6 +219,7 @@ def _hang(signum, frame):
     raise TimeoutError(f"a fuzz case ran for more than {CASE_SECONDS} s: a hang")
 
 
+@pytest.mark.slow
 @pytest.mark.reliability(kind="fuzz")
 def test_every_drawn_override_set_exits_2_naming_a_key_or_runs(sentinel, tmp_path, record_property):
     profile = settings.get_current_profile_name()  # ci, or what --hypothesis-profile chose (tests/conftest.py)

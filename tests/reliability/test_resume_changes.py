@@ -48,6 +48,7 @@ def sgd_resumes(adamw_run):
     fault="resume with another optimizer",
     protection="exit 2 naming the difference and the fix; trainer.resume_mode=weights loads the weights alone and journals it",
 )
+@pytest.mark.slow
 def test_another_optimizer_is_refused_with_the_fix_and_resume_mode_weights_keeps_only_the_weights(adamw_run, sgd_resumes):
     refused, untouched, resumed = sgd_resumes
     assert refused.returncode == 2, refused.stderr[-3000:]
