@@ -50,8 +50,8 @@ slurm:
 	  echo "make slurm: SLURM is installed"; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  export DEBIAN_FRONTEND=noninteractive; \
-	  if apt-get install -y -q $(SLURM_PACKAGES) >/dev/null 2>&1 \
-	     || { apt-get update -q >/dev/null && apt-get install -y -q $(SLURM_PACKAGES) >/dev/null; }; then \
+	  if timeout 600 apt-get install -y -q $(SLURM_PACKAGES) >/dev/null 2>&1 \
+	     || { timeout 300 apt-get update -q >/dev/null && timeout 600 apt-get install -y -q $(SLURM_PACKAGES) >/dev/null; }; then \
 	    echo "make slurm: installed $(SLURM_PACKAGES)"; \
 	  else \
 	    echo "make slurm: apt-get could not install $(SLURM_PACKAGES): tests/test_slurm.py will skip"; \
