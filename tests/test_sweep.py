@@ -35,12 +35,17 @@ def _study(sweep_dir: Path, name: str) -> optuna.Study:
 
 
 def test_hydra_discovers_the_sweeper_and_its_hydra_optuna_sweeper_name():
-    """Here hydra-optuna-sweeper is not installed, so its class path and `optuna` name are curryTrain's; no file
-    of curryTrain lies under that plugin's folder (tests/test_sweep_coexist.py installs both side by side)."""
+    """Here hydra-optuna-sweeper is not installed, so its class path, its module paths and `optuna` name are
+    curryTrain's. The checkout's folder under that plugin's path is an alias the wheel leaves out
+    (tests/test_sweep_coexist.py installs both side by side and checks that no file is shared)."""
+    from hydra_plugins.currytrain_sweeper.sweeper import CurryTrainSweeper
+    from hydra_plugins.hydra_optuna_sweeper.optuna_sweeper import OptunaSweeper
+
     names = {f"{c.__module__}.{c.__name__}" for c in Plugins.instance().discover(Sweeper)}
     assert "hydra_plugins.currytrain_sweeper.sweeper.CurryTrainSweeper" in names
     assert "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper" in names
-    assert not (ROOT / "hydra_plugins" / "hydra_optuna_sweeper").exists()
+    assert issubclass(OptunaSweeper, CurryTrainSweeper)
+    assert (ROOT / "hydra_plugins" / "hydra_optuna_sweeper" / "_currytrain_alias.py").is_file()
     assert ConfigStore.instance().load("hydra/sweeper/optuna.yaml").provider == "currytrain"
 
 
