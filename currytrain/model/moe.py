@@ -90,7 +90,9 @@ class TopKRouter(nn.Module):
         self.renormalize = renormalize
         self.gate = nn.Linear(dim, num_experts, bias=False)
 
-    def forward(self, x: torch.Tensor) -> Routing:
+    def score(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(logits, scores, probs): the gate's logits, the scores experts are chosen by, and their normalised
+        probabilities (the balance loss's)."""
         logits = self.gate(x)
         # Route in fp32 at least: under bf16 autocast, near-tied scores would otherwise pick experts at random.
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
@@ -99,6 +101,10 @@ class TopKRouter(nn.Module):
         else:
             scores = logits.sigmoid()
             probs = scores / scores.sum(dim=-1, keepdim=True)
+        return logits, scores, probs
+
+    def forward(self, x: torch.Tensor) -> Routing:
+        logits, scores, probs = self.score(x)
         weights, indices = scores.topk(self.top_k, dim=-1)
         if self.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -135,13 +141,7 @@ class CorrectedTopKRouter(TopKRouter):
         self.register_buffer("expert_bias", torch.zeros(num_experts) if bias else None)
 
     def forward(self, x: torch.Tensor) -> Routing:
-        logits = self.gate(x)
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        if self.gating == "softmax":
-            scores = probs = logits.softmax(dim=-1)
-        else:
-            scores = logits.sigmoid()
-            probs = scores / scores.sum(dim=-1, keepdim=True)
+        logits, scores, probs = self.score(x)
         choice = scores if self.expert_bias is None else scores + self.expert_bias
         if self.groups > 1:
             grouped = choice.view(-1, self.groups, self.num_experts // self.groups)
