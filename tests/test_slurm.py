@@ -101,20 +101,30 @@ def events(run_dir: Path) -> list[dict]:
 # ------------------------------------------------------------------------------------------- training
 
 
-def test_two_tasks_on_one_node_survive_scontrol_requeue_and_train_as_the_local_run(cluster, reference, tmp_path):
-    """`scontrol requeue` of the running job: SLURM sends its tasks SIGTERM, they agree on a step and checkpoint,
-    and SLURM's second start resumes there; the losses are still the uninterrupted local run's."""
-    sweep_dir, run_dir = tmp_path / "multirun", tmp_path / "multirun" / "0"
-    launcher = start(cluster, tmp_path / "console", *SAME, "parallel.nproc=2", "trainer.checkpoint_every=4", f"hydra.sweep.dir={sweep_dir}")
+def interrupted_at_the_first_checkpoint(cluster, tmp_path, sweep_dir, overrides: list[str], *command: str) -> tuple[str, str]:
+    """Launch job 0 of `sweep_dir`, run `command JOB_ID` on the controller once its first checkpoint is written,
+    wait for the launcher to end (exit 0): its console output and the job id."""
+    run_dir = sweep_dir / "0"
+    launcher = start(cluster, tmp_path / "console", *SAME, *overrides, f"hydra.sweep.dir={sweep_dir}")
     try:
         wait_for(lambda: any(e["type"] == "checkpoint" for e in events(run_dir)) or launcher.poll() is not None, "the first checkpoint")
         (job_id,) = submitted(sweep_dir)
-        cluster.command("scontrol", "requeue", job_id)
+        cluster.command(*command, job_id)
         launcher.wait(timeout=240)
     finally:
         launcher.kill()
     output = (tmp_path / "console").read_text()
     assert launcher.returncode == 0, output[-3000:]
+    return output, job_id
+
+
+def test_two_tasks_on_one_node_survive_scontrol_requeue_and_train_as_the_local_run(cluster, reference, tmp_path):
+    """`scontrol requeue` of the running job: SLURM sends its tasks SIGTERM, they agree on a step and checkpoint,
+    and SLURM's second start resumes there; the losses are still the uninterrupted local run's."""
+    sweep_dir, run_dir = tmp_path / "multirun", tmp_path / "multirun" / "0"
+    output, job_id = interrupted_at_the_first_checkpoint(
+        cluster, tmp_path, sweep_dir, ["parallel.nproc=2", "trainer.checkpoint_every=4"], "scontrol", "requeue"
+    )
     info = job_info(cluster, job_id)
     assert info["JobState"] == "COMPLETED" and info["NumNodes"] == "1" and info["NumTasks"] == "2" and info["Restarts"] == "1", info
     # What the launcher showed: the job id, where the logs are, and each state as it changed; no sacct noise.
@@ -138,16 +148,7 @@ def test_one_task_on_each_of_two_nodes_survives_a_requeue_and_trains_as_the_loca
     SLURM's second start resumes from that checkpoint; the losses are still the uninterrupted local run's."""
     sweep_dir, run_dir = tmp_path / "multirun", tmp_path / "multirun" / "0"
     two_nodes = ("parallel.nproc=1", "parallel.dp_replicate=-1", "hydra.launcher.nodes=2", "trainer.checkpoint_every=4")
-    launcher = start(cluster, tmp_path / "console", *SAME, *two_nodes, f"hydra.sweep.dir={sweep_dir}")
-    try:
-        wait_for(lambda: any(e["type"] == "checkpoint" for e in events(run_dir)) or launcher.poll() is not None, "the first checkpoint")
-        (job_id,) = submitted(sweep_dir)
-        cluster.command("scancel", "--signal=USR1", job_id)
-        launcher.wait(timeout=240)
-    finally:
-        launcher.kill()
-    output = (tmp_path / "console").read_text()
-    assert launcher.returncode == 0, output[-3000:]
+    output, job_id = interrupted_at_the_first_checkpoint(cluster, tmp_path, sweep_dir, list(two_nodes), "scancel", "--signal=USR1")
     assert f"SLURM job {job_id} (#0): RUNNING on n[1-2]" in output and f"SLURM job {job_id} (#0): COMPLETED, requeued 1x" in output
     assert job_info(cluster, job_id)["Restarts"] == "1"
     journal = read_journal(run_dir / "journal.jsonl")
