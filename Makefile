@@ -7,6 +7,9 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 ARGS ?=
+# make test's pytest workers (pytest-xdist): the suite's processes leave a core idle half the time, so 2 workers
+# on 2 cores take about two thirds of one (docs/testing.md). TEST_WORKERS=0 runs it in one process (e.g. for --pdb).
+TEST_WORKERS ?= 2
 
 .PHONY: train test test-fast lint setup clean reliability slurm fuzz-long
 
@@ -22,7 +25,7 @@ train: $(STAMP)
 	$(PY) launch.py $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 # The inner loop (docs/testing.md): no slow test and no test that starts a Python process.
 test-fast: $(STAMP)
