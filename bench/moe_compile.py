@@ -7,7 +7,7 @@ this checkout and, with --baseline, for another git revision of it, or with --en
     python bench/moe_compile.py --no-eager --env TORCHINDUCTOR_COMPILE_THREADS=1 -- model=gqa   # an inductor option
 
 Each run is `python launch.py <TINY dims> model.n_layers=2 trainer.max_steps=STEPS ...` in a fresh process and a
-fresh run folder, so the compile cache (<run folder>/../.compile_cache) starts empty: the first step pays the whole
+fresh run folder and a fresh trainer.compile_cache, so the compile cache starts empty: the first step pays the whole
 compilation. Read back from the run: the journal's `compile` event (first step seconds, graphs dynamo compiled)
 the median `train/step_seconds` of the steps after the first (metrics.jsonl), and the CPU seconds of the run's
 process and the compilers it started (what compilation costs, whatever the load; with eager runs, less the eager
@@ -54,9 +54,10 @@ def run_once(tree: Path, overrides: list[str], compile: bool, steps: int, folder
         f"trainer.max_steps={steps}",
         *overrides,
         f"trainer.compile={str(compile).lower()}",
+        f"trainer.compile_cache={folder / 'cache'}",
         f"hydra.run.dir={run_dir}",
     ]
-    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}  # the run folder's own (empty) cache
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}  # the run's own (empty) cache folder
     env.update(extra_env)
     started, used = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
     result = subprocess.run(args, cwd=tree, env=env, capture_output=True, text=True)

@@ -135,7 +135,9 @@ def measure(size: str, precision: str, steps: int, warmup: int, workdir: Path, c
         "transformers": lambda step: hand_step(hf, optimizers["transformers"], batches[step], dtype, lambda model, x: model(input_ids=x).logits),
     }
     if compile:
-        compiled, _ = build_trainer(size, precision, steps + warmup, workdir / f"{size}-{precision}-compile", "trainer.compile=true")
+        compiled, _ = build_trainer(
+            size, precision, steps + warmup, workdir / f"{size}-{precision}-compile", "trainer.compile=true", f"trainer.compile_cache={workdir / 'cache'}"
+        )
         plain_compiled = torch.compile(copy.deepcopy(plain))  # what a plain-PyTorch user writes
         optimizers["plain+compile"] = torch.optim.AdamW(plain_compiled.parameters(), lr=1e-3, fused=True)
         contenders["curryTrain+compile"] = lambda step: compiled.train_step()

@@ -92,7 +92,8 @@ def _losses(run_dir: Path) -> list[float]:
 
 @pytest.fixture(scope="module")
 def compiled_runs(tmp_path_factory):
-    """An eager run, then the same run compiled twice in fresh processes sharing the runs' parent folder."""
+    """An eager run, then the same run compiled twice in fresh processes, in run folders of different parents (two
+    days' runs of a project) sharing one trainer.compile_cache."""
     root = tmp_path_factory.mktemp("compile")
     runs = {}
     for name, compile in (("eager", "false"), ("cold", "true"), ("warm", "true")):
@@ -103,11 +104,12 @@ def compiled_runs(tmp_path_factory):
             "trainer.max_steps=4",
             "trainer.eval_every=100",
             f"trainer.compile={compile}",
-            f"hydra.run.dir={root / name}",
+            f"trainer.compile_cache={root / 'cache'}",
+            f"hydra.run.dir={root / name / 'run'}",
             timeout=600,
         )
         assert result.returncode == 0, result.stderr
-        runs[name] = root / name
+        runs[name] = root / name / "run"
     return runs
 
 
@@ -117,11 +119,11 @@ def test_compiled_training_matches_eager_and_a_second_run_reuses_the_cache(compi
     assert len(eager) == len(cold) == 4
     assert all(abs(a - b) < 1e-4 for a, b in zip(eager, cold)), (eager, cold)
     reports = {name: next(e for e in read_journal(compiled_runs[name] / "journal.jsonl") if e["type"] == "compile") for name in ("cold", "warm")}
-    cache = compiled_runs["cold"].parent / ".compile_cache"
+    cache = compiled_runs["cold"].parents[1] / "cache"
     assert reports["cold"]["cache_dir"] == str(cache) and any(cache.iterdir())
     # One process: the forward and the loss compiled as one graph (with parallelism, tests/test_parallel.py: per block).
     assert reports["cold"]["graphs"] == 1 and reports["cold"]["cache_misses"] > 0
-    # The second run, a fresh process, loads every graph from the cache in the runs' parent folder.
+    # The second run, a fresh process in another folder, loads every graph from the shared cache.
     assert reports["warm"]["cache_hits"] > 0 and reports["warm"]["cache_misses"] == 0, reports
     assert _losses(compiled_runs["warm"]) == cold
 
@@ -130,17 +132,21 @@ def _events(run_dir: Path, kind: str) -> list[dict]:
     return [event for event in read_journal(run_dir / "journal.jsonl") if event["type"] == kind]
 
 
-def test_compile_auto_stays_eager_where_the_run_cannot_repay_it(compose_cfg, tmp_path):
+def test_compile_auto_stays_eager_where_the_run_cannot_repay_it(compose_cfg, tmp_path, monkeypatch):
     """TINY steps take milliseconds: two timed eager steps times the remaining ones cannot repay the assumed compile
-    cost, so auto stays eager, and says so, with its figures, in the journal."""
+    cost, so auto stays eager, and says so, with its figures, in the journal. The cost it looks up lives in the
+    project's cache folder: trainer.compile_cache's default, relative to where the run was started."""
+    monkeypatch.chdir(tmp_path)  # the project's directory
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     cfg = compose_cfg(FAST_DATA, "trainer.max_steps=8", "trainer.eval_every=100", "trainer.compile=auto", "logger=[jsonl]")
-    Trainer(cfg, tmp_path / "run").train()
-    (choice,) = _events(tmp_path / "run", "compile_choice")
+    Trainer(cfg, tmp_path / "runs" / "day1" / "run").train()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str((tmp_path / ".cache" / "compile").resolve())
+    (choice,) = _events(tmp_path / "runs" / "day1" / "run", "compile_choice")
     assert choice["choice"] == "eager" and choice["step"] == 3, choice
     assert choice["compile_seconds_source"] == "assumed" and choice["remaining_steps"] == 5
     assert choice["expected_saving_seconds"] < choice["compile_seconds"]
     assert "does not repay" in choice["reason"]
-    assert not _events(tmp_path / "run", "compile")
+    assert not _events(tmp_path / "runs" / "day1" / "run", "compile")
     # Too short to time anything: eager at once.
     short = compose_cfg(FAST_DATA, "trainer.max_steps=3", "trainer.eval_every=100", "trainer.compile=auto", "logger=[jsonl]")
     Trainer(short, tmp_path / "short").train()
@@ -159,11 +165,18 @@ def test_compile_auto_rejects_other_values(tmp_path):
 def test_compile_auto_compiles_when_a_measured_cost_is_repaid_and_trains_as_eager(compose_cfg, tmp_path):
     """A compile cost recorded by an earlier compiled run of the same setup (here: a cheap one, written first) is
     repaid by the remaining steps: auto compiles from the step after its choice; the losses stay eager's."""
-    overrides = (FAST_DATA, "model.n_layers=2", "trainer.max_steps=6", "trainer.eval_every=100", "logger=[jsonl]")
+    overrides = (
+        FAST_DATA,
+        "model.n_layers=2",
+        "trainer.max_steps=6",
+        "trainer.eval_every=100",
+        "logger=[jsonl]",
+        f"trainer.compile_cache={tmp_path / 'cache'}",
+    )
     Trainer(compose_cfg(*overrides, "trainer.compile=false"), tmp_path / "eager").train()
     trainer = Trainer(compose_cfg(*overrides, "trainer.compile=auto"), tmp_path / "auto")
     cache = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
-    assert cache == (tmp_path / ".compile_cache").resolve()
+    assert cache == (tmp_path / "cache").resolve()
     record_compile_seconds(cache, trainer.compile_signature, 0.001)
     trainer.train()
     (choice,) = _events(tmp_path / "auto", "compile_choice")

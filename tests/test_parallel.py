@@ -86,7 +86,9 @@ def test_every_strategy_matches_single_process_and_resumes_across_layouts(compos
         paths.append(write_resolved(compose_cfg(*CURVE, f"parallel={strategy}", f"trainer.resume={checkpoint}"), tmp_path / name))
     paths.append(write_resolved(compose_cfg(*CURVE, "parallel=fsdp", "trainer.precision=bf16"), tmp_path / "fsdp_bf16"))
     # trainer.compile under parallelism compiles each block (before fully_shard) and the loss, not one whole graph.
-    paths.append(write_resolved(compose_cfg(*CURVE, "parallel=fsdp", "trainer.compile=true"), tmp_path / "fsdp_compile"))
+    paths.append(
+        write_resolved(compose_cfg(*CURVE, "parallel=fsdp", "trainer.compile=true", f"trainer.compile_cache={tmp_path / 'cache'}"), tmp_path / "fsdp_compile")
+    )
     run_two_workers(paths)
 
     for name in STRATEGIES:

@@ -60,11 +60,20 @@ def compile_loss(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) 
     return torch.compile(loss_fn)
 
 
-def use_compile_cache(folder: Path) -> None:
-    """Keep inductor's compiled kernels and graphs in `folder` (the runs' shared parent), so the next run of
-    the same shapes loads them instead of compiling; $TORCHINDUCTOR_CACHE_DIR set by the user wins."""
+def launch_dir() -> Path:
+    """The directory launch.py was started in (Hydra's runtime.cwd, which a job that changed directory, a sweep
+    trial and a SLURM job keep); outside a Hydra job, the working directory."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.cwd) if HydraConfig.initialized() else Path.cwd()
+
+
+def use_compile_cache(folder: str | Path) -> None:
+    """Keep inductor's compiled kernels and graphs in `folder` (trainer.compile_cache: relative to launch_dir, so the
+    project's runs share it), so the next run of the same shapes loads them instead of compiling;
+    $TORCHINDUCTOR_CACHE_DIR set by the user wins."""
     if user_cache() is None:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(folder).resolve())
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str((launch_dir() / Path(folder).expanduser()).resolve())
         _SET_HERE.add(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
 

@@ -20,6 +20,7 @@ IRRELEVANT_PREFIXES = (
     "logger.",
     "trainer.resume",
     "trainer.progress",
+    "trainer.compile_cache",
     "trainer.init_from",
     "trainer.log_every",
     "trainer.checkpoint_every",

@@ -68,10 +68,14 @@ class TrainerConfig:
     """true, false or auto. true: torch.compile the model and the loss (inductor; on CPU it needs a C++ compiler): as
     one graph in one process, block by block under parallelism (docs/performance.md). The first step pays the
     compilation (the journal's `compile` event says how long); the compiled code is cached in
-    <run folder>/../.compile_cache, so a later run of the same shapes starts fast. auto (one process): times two
+    trainer.compile_cache, so a later run of the same shapes starts fast. auto (one process): times two
     eager steps, then compiles only when the eager time it expects to save over the remaining steps exceeds the
     compile cost (measured by an earlier compiled run of the same setup in that cache folder, else assumed); the
     journal's `compile_choice` event says which it chose and why."""
+    compile_cache: str = ".cache/compile"
+    """The folder of torch.compile's caches (inductor's graphs and kernels, and the compile costs trainer.compile=auto
+    reads). Relative to the directory launch.py runs in, so every run of a project, on any day and in any run
+    folder, shares it; $TORCHINDUCTOR_CACHE_DIR, when set, wins."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
@@ -82,6 +86,8 @@ class TrainerConfig:
                 f"{path}.resume_mode=weights resumes the model weights of a checkpoint, and {path}.resume=none names none: pass {path}.resume=auto "
                 f"(or a checkpoint), or use {path}.init_from=<weights> to start a new run from them"
             )
+        if not isinstance(node.compile_cache, str) or not node.compile_cache.strip():
+            problems.append(f"{path}.compile_cache={node.compile_cache!r} must name a folder: pass {path}.compile_cache=.cache/compile (the default)")
         if node.compile not in COMPILE_CHOICES:
             problems.append(f"{path}.compile={node.compile!r} must be true, false or auto: pass {path}.compile=auto (or true, false)")
         elif node.compile is True and node.device != "cuda" and compiler_missing():

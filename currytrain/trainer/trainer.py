@@ -79,7 +79,7 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.state = state or ParallelState(device=resolve_device(self.cfg.device))  # default: one process, no group
         if self.cfg.compile:
-            use_compile_cache(self.run_dir.parent / ".compile_cache")
+            use_compile_cache(self.cfg.compile_cache)
         parts = components or build_components(cfg, self.state)
         self.data, self.model, self.optimizer, self.scheduler = parts.data, parts.model, parts.optimizer, parts.scheduler
         self.module = parts.module  # the model with its own parameter names, for checkpoints and weight loading
