@@ -31,11 +31,17 @@ def tensorboard_steps(folder: Path, tag: str = "train/loss") -> list[int]:
     return [event.step for event in EventAccumulator(str(folder), size_guidance={"scalars": 0}).Reload().Scalars(tag)]
 
 
-def mlflow_histories(store: Path, tag: str = "train/loss") -> dict[str, list[int]]:
+def mlflow_histories(store: Path, tag: str = "train/loss", parent: str | None = None) -> dict[str, list[int]]:
+    """Each MLflow run's logged steps of `tag`, by run name; with `parent`, the runs nested under the run of that
+    name (a sweep's trials under the sweep's parent run), after checking that every other run is nested there."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{store}")
     runs = client.search_runs([client.get_experiment_by_name("currytrain").experiment_id], max_results=1000)
+    if parent is not None:
+        (group,) = [run for run in runs if run.info.run_name == parent]
+        runs = [run for run in runs if run is not group]
+        assert all(run.data.tags.get("mlflow.parentRunId") == group.info.run_id for run in runs), "every trial nested under the sweep's run"
     return {run.info.run_name: sorted(m.step for m in client.get_metric_history(run.info.run_id, tag)) for run in runs}
 
 
@@ -82,8 +88,8 @@ def test_a_fifty_trial_sweep_keeps_every_trials_journal_metrics_and_trackers(tmp
     assert result.returncode == 0, result.stderr[-3000:]
     study = optuna.load_study(study_name="random", storage=open_storage(f"sqlite:///{sweep_dir / 'optuna.db'}"))
     assert sorted(t.number for t in study.trials) == list(range(trials)) and all(t.state == TrialState.COMPLETE for t in study.trials)
-    histories = mlflow_histories(sweep_dir / "mlflow.db")
-    assert sorted(histories) == sorted(str(n) for n in range(trials)), "one MLflow run per trial"
+    histories = mlflow_histories(sweep_dir / "mlflow.db", parent=str(sweep_dir))
+    assert sorted(histories) == sorted(str(n) for n in range(trials)), "one MLflow run per trial, under the sweep's"
     every = list(range(1, steps + 1))
     for number in range(trials):
         run_dir = sweep_dir / str(number)
