@@ -29,6 +29,16 @@ settings.register_profile("ci", max_examples=FUZZ_CASES, **FUZZ_SETTINGS)
 settings.register_profile("long", max_examples=5000, **FUZZ_SETTINGS)
 settings.load_profile("ci")
 
+# `make test` runs 2 pytest-xdist workers (docs/testing.md). Each gets its share of the cores for its in-process runs
+# and the processes it starts (OMP_NUM_THREADS), as curryTrain's own workers do (currytrain.workers.worker_threads):
+# with two threads per pytest worker on 2 cores, OpenMP threads spin on cores the other worker holds.
+XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if XDIST_WORKERS > 1:
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    _share = max(1, _cores // XDIST_WORKERS)
+    os.environ["OMP_NUM_THREADS"] = str(_share)
+    torch.set_num_threads(_share)
+
 # Small enough that a run of a few steps takes about a second on one CPU core.
 TINY = [
     "model.dim=32",
