@@ -79,6 +79,7 @@ BAD_CONFIGS = [
     (["model.init_std=nan"], ["model.init_std=nan must be a finite number > 0"]),
     (["optimizer.lr=inf"], ["optimizer.lr=inf must be a finite number > 0"]),
     (["trainer.grad_clip=-inf"], ["trainer.grad_clip=-inf must be a finite number >= 0"]),
+    (["trainer.compile_cache="], ["trainer.compile_cache='' must name a folder: pass trainer.compile_cache=.cache/compile"]),
     (["optimizer.betas=[0.9,nan]"], ["optimizer.betas=[0.9,nan] must be a finite number in [0, 1)"]),
     (["abort.max_seconds=inf"], ["abort.max_seconds=inf must be a finite number >= 0"]),
     (["parallel.hang_timeout=nan"], ["parallel.hang_timeout=nan must be a finite number >= 0"]),
