@@ -8,7 +8,8 @@ from the others, and the gate weighs the miss against the noise measured in the 
 (currytrain.stats.held_out_test): the fit's bootstrap spread plus the seed noise of one run, with the degrees
 of freedom of the seeds it was measured on. That noise is, in order: `seed_std` when given (taken as known),
 the std the seeds stage of this ladder measured, else the std of `noise_seeds` extra seeds of the held-out
-size, which this stage then trains. A miss with p below `fail_alpha` fails; below `alpha` warns.
+size, which this stage then trains. A miss above the prediction with p below `fail_alpha` fails; below `alpha`
+warns. A held-out size that does better than predicted passes, with a note that the fit is pessimistic.
 """
 
 from __future__ import annotations
@@ -50,18 +51,20 @@ def held_out_finding(fit: PowerLawFit, name: str, num_params: int, measured: lis
     )
     expected = (
         f"the held-out size inside the fit's {1 - alpha:.0%} interval, which adds the seed noise measured in this run "
-        f"(fails above it at p < {fail_alpha:g}; below it only warns)"
+        f"(warns above it at p < {alpha:g}, fails at p < {fail_alpha:g}; below it, the larger size does better than promised, passes)"
     )
     if test.p >= alpha:
         return Finding("held-out size", Status.PASSED, observed, expected)
-    if test.measured < test.predicted:  # better than the smaller sizes promise: nothing fails to scale
-        cause = (
-            "the held-out size lands below the power law of the smaller sizes by more than their fit and the seed noise explain: "
-            "the larger model learns something the smaller ones do not (a capability that appears with size, or smaller sizes "
-            "stuck on a plateau), so the fit underestimates what size buys"
+    if test.measured < test.predicted:
+        # Better than the smaller sizes promise: nothing fails to scale. Healthy small models do this whenever the
+        # smaller sizes are still on the uniform loss's plateau (bench/ladder_calibration.py: the scaffolded 2-layer lm
+        # at most seeds), so it passes, saying what it means for the fit.
+        observed += (
+            "; below the power law of the smaller sizes beyond their fit and the seed noise: the larger size learns what the smaller "
+            "ones have not yet (a plateau they are still on, or a capability that comes with size), so extrapolations from this fit "
+            "are pessimistic (more check.stages.scaling.max_steps moves every size past the plateau)"
         )
-        fix = "use more steps (check.stages.scaling.max_steps) or larger sizes, so that every fitted size is past the plateau"
-        return Finding("held-out size", Status.WARNING, observed, expected, cause, fix)
+        return Finding("held-out size", Status.PASSED, observed, expected)
     cause = (
         "the held-out size lands above the power law of the smaller sizes by more than their fit and the seed noise explain "
         "(too few steps for the larger model, a size past saturation, or a width-dependent bug: an init or lr that does not scale)"
