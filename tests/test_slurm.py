@@ -181,7 +181,9 @@ def test_a_sweep_keeps_n_jobs_in_flight_and_a_pruned_trial_frees_its_slot(cluste
         "sweep.n_trials=3",
         "sweep.n_jobs=2",
         SMALL_DATA,
-        "trainer.max_steps=40",  # the other trials train well past the pruned one's step 3, whatever their start-up skew
+        # The other trials train well past the pruned one's step 3, whatever their start-up skew, and long enough for the
+        # sweeper to see the prune and submit the next trial under load (40 steps was not, beside a busy pytest worker).
+        "trainer.max_steps=150",
         f"hydra.sweep.dir={sweep_dir}",
     )
     sweeper = start(cluster, tmp_path / "console", *overrides)

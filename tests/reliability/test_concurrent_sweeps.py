@@ -16,7 +16,7 @@ import pytest
 from optuna.trial import TrialState
 
 from conftest import ROOT, launch_argv
-from currytrain.sweep.study import open_storage
+from currytrain.sweep.study import claiming, open_storage
 
 SWEEPERS = 4
 N_TRIALS = 8
@@ -49,9 +49,12 @@ def trials_of(uri: str) -> list:
 
 
 def trials_so_far(uri: str) -> list:
-    """trials_of while the sweepers start: the storage can exist before any of them has created the study in it."""
+    """trials_of while the sweepers start, under the lock they create the storage under (study.claiming: opening an
+    SQLite storage creates its tables, which must not race a sweeper doing the same); the storage can exist before
+    any of them has created the study in it."""
     try:
-        return trials_of(uri)
+        with claiming(uri):
+            return trials_of(uri)
     except KeyError:  # optuna's "Record does not exist.": no study of that name yet
         return []
 
