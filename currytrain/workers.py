@@ -53,11 +53,16 @@ def under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ
 
 
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def worker_threads() -> int:
     """torch threads per worker: the cores this process may use, shared by the workers of this machine, and in
     a SLURM job no more than it gave each task (hydra.launcher.cpus_per_task; else the node's CPUs of the job
     shared by its tasks there), for clusters that do not bind tasks to their CPUs."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = available_cores()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     threads = cores // local
     if os.environ.get("SLURM_CPUS_PER_TASK", "").isdigit():

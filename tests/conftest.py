@@ -15,6 +15,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hypothesis import HealthCheck, Phase, settings
 
 from currytrain.config import register_configs
+from currytrain.workers import available_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 FUZZ_CASES = int(os.environ.get("CURRYTRAIN_FUZZ_CASES", "500"))
@@ -34,8 +35,7 @@ settings.load_profile("ci")
 # with two threads per pytest worker on 2 cores, OpenMP threads spin on cores the other worker holds.
 XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
 if XDIST_WORKERS > 1:
-    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    _share = max(1, _cores // XDIST_WORKERS)
+    _share = max(1, available_cores() // XDIST_WORKERS)
     os.environ["OMP_NUM_THREADS"] = str(_share)
     torch.set_num_threads(_share)
 
