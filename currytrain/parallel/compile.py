@@ -7,7 +7,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +71,39 @@ def launch_dir() -> Path:
     return Path(HydraConfig.get().runtime.cwd) if HydraConfig.initialized() else Path.cwd()
 
 
+def detect_vec_isa() -> float:
+    """Have inductor choose the CPU's vector instruction set now, its candidates checked side by side, in the
+    machine's cache; returns the seconds it took (0 where it was known already or the CPU is not x86).
+
+    inductor checks each candidate the CPU claims (AVX2, AVX-512, VNNI, AMX, bf16) by compiling and loading a test
+    library, one after another, the first time it compiles a kernel in a process: 11.7 s of the 24 s a cold TINY gqa
+    took to compile on the 2-core AMX machine (docs/performance.md). Its answer belongs to the machine and the
+    compiler, not to a project, so the test libraries go to inductor's per-user default cache (where it keeps its
+    precompiled headers too) instead of the project's cache: a new project then pays only the loading checks.
+    A check that fails here leaves the choice to inductor, as without this."""
+    from torch._inductor import cpu_vec_isa
+
+    if platform.machine() not in ("x86_64", "AMD64") or cpu_vec_isa.valid_vec_isa_list.cache_info().currsize:
+        return 0.0
+    started = time.perf_counter()
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    ours = chosen is not None and user_cache() is None
+    if ours:
+        del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    try:
+        flags = cpu_vec_isa.x86_isa_checker()
+        candidates = [isa for isa in cpu_vec_isa.supported_vec_isa_list if all(flag in flags for flag in str(isa).split())]
+        with ThreadPoolExecutor(max(1, len(candidates))) as pool:  # each instance is checked in one thread only
+            list(pool.map(bool, candidates))
+        cpu_vec_isa.valid_vec_isa_list()
+    except Exception:  # torch's private API moved: inductor checks when it first compiles, as before
+        pass
+    finally:
+        if ours:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = chosen
+    return time.perf_counter() - started
+
+
 def use_compile_cache(folder: str | Path) -> None:
     """Keep inductor's compiled kernels and graphs in `folder` (trainer.compile_cache: relative to launch_dir, so the
     project's runs share it), so the next run of the same shapes loads them instead of compiling;
@@ -77,9 +113,10 @@ def use_compile_cache(folder: str | Path) -> None:
         _SET_HERE.add(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
 
-def compile_report(first_step_seconds: float) -> dict[str, Any]:
+def compile_report(first_step_seconds: float, isa_seconds: float = 0.0) -> dict[str, Any]:
     """What compilation cost so far: the first step's seconds (which include it), dynamo's and inductor's
-    own compile seconds, the graphs compiled, and the FX-graph cache's hits and misses."""
+    own compile seconds, the seconds detect_vec_isa spent before the step, the graphs compiled, and the FX-graph
+    cache's hits and misses."""
     from torch._dynamo.utils import compilation_time_metrics, counters
 
     def seconds(name: str) -> float:
@@ -89,6 +126,7 @@ def compile_report(first_step_seconds: float) -> dict[str, Any]:
         "first_step_seconds": round(first_step_seconds, 3),
         "dynamo_seconds": seconds("_compile.compile_inner"),
         "inductor_seconds": seconds("compile_fx_inner"),
+        "isa_seconds": round(isa_seconds, 3),
         "graphs": int(counters["stats"]["unique_graphs"]),
         "cache_hits": int(counters["inductor"]["fxgraph_cache_hit"]),
         "cache_misses": int(counters["inductor"]["fxgraph_cache_miss"]),

@@ -33,6 +33,7 @@ from currytrain.parallel.compile import (
     compile_report,
     compile_signature,
     compiles_whole,
+    detect_vec_isa,
     record_compile_seconds,
     recorded_compile_seconds,
     use_compile_cache,
@@ -80,6 +81,7 @@ class Trainer:
         self.state = state or ParallelState(device=resolve_device(self.cfg.device))  # default: one process, no group
         if self.cfg.compile:
             use_compile_cache(self.cfg.compile_cache)
+        self.isa_seconds = detect_vec_isa() if self.cfg.compile is True and self.state.device.type == "cpu" else 0.0
         parts = components or build_components(cfg, self.state)
         self.data, self.model, self.optimizer, self.scheduler = parts.data, parts.model, parts.optimizer, parts.scheduler
         self.module = parts.module  # the model with its own parameter names, for checkpoints and weight loading
@@ -274,6 +276,7 @@ class Trainer:
         self.journal.event("compile_choice", step=self.step, **choice.event())
         log.info("trainer.compile=auto: %s (%s)", "compiling" if choice.compile else "eager", choice.reason)
         if choice.compile:
+            self.isa_seconds = detect_vec_isa() if self.state.device.type == "cpu" else 0.0
             self.forward_loss = compile_forward_loss(self.model, self.loss_fn, self.data)
             self.compile_step = self.step + 1
 
@@ -288,10 +291,10 @@ class Trainer:
         now = time.perf_counter()
         seconds, self.fetched_at = (now - self.fetched_at) / len(steps), now
         if self.compile_step in steps:  # this step compiled the graphs
-            report = compile_report(seconds)
+            report = compile_report(seconds, self.isa_seconds)
             self.journal.event("compile", step=self.compile_step, **report)
             if self.state.is_main and report["cache_dir"]:
-                record_compile_seconds(Path(report["cache_dir"]), self.compile_signature, report["first_step_seconds"])
+                record_compile_seconds(Path(report["cache_dir"]), self.compile_signature, seconds + self.isa_seconds)
         metrics = []
         for step, result, loss, lr, seen in zip(steps, results, losses, lrs, tokens):
             if result.skipped:
