@@ -1,8 +1,8 @@
 """curryTrain's full training step against the implementations a user would pick instead, same config.
 
-    python bench/peers.py                       # tiny and small, fp32 and bf16, 3 repetitions
+    python bench/peers.py --compile --sizes tiny small medium   # the table of docs/performance.md (~30 min on 2 cores)
+    python bench/peers.py                                       # tiny and small, fp32 and bf16, eager, 3 repeats
     python bench/peers.py --sizes tiny --precisions fp32 --steps 10
-    python bench/peers.py --compile             # adds curryTrain with trainer.compile=true and plain compiled
 
 Contenders, each stepping the same Llama-shaped model (GQA, RoPE, RMSNorm, SwiGLU) on the same random
 tokens with AdamW and gradient clipping:
@@ -10,10 +10,14 @@ tokens with AdamW and gradient clipping:
   plain        a plain-PyTorch Llama written here, stepped by a hand-written loop (no framework)
   transformers LlamaForCausalLM with the equivalent LlamaConfig, stepped by the same hand-written loop
   with --compile, also: curryTrain+compile (trainer.compile=true) and plain+compile (torch.compile(model),
-  the loss eager); their compilation falls in the warm-up rounds, and "x plain" stays eager plain
+  the loss eager); their compilation falls in the warm-up rounds (the cache is shared by the repeats)
+Sizes: model/size=tiny (batch 4 x 128), small (8 x 256), medium (~125M parameters, 2 x 256).
 Each round steps every contender once, in turn (so load from other processes hits all alike); the
-first rounds are warm-up. Printed: median tokens/s, the ratio to plain, and MFU against a matmul
-roofline measured in the same run for the dtype (model FLOPs as in `currytrain bench`).
+first rounds are warm-up. Printed: a markdown table, one row per cell (size, precision, eager or compiled):
+median tokens/s of each contender over the repeats, curryTrain's speed over plain PyTorch's in the same mode
+(eager against plain, compiled against plain+compile) as the median of the repeats' ratios with their
+min-max, transformers' over plain, and MFU against a matmul roofline measured in the same run for the dtype
+(model FLOPs as in `currytrain bench`).
 """
 
 from __future__ import annotations
@@ -37,7 +41,9 @@ from currytrain.config import compose_config  # noqa: E402
 from currytrain.run import write_run_record  # noqa: E402
 from currytrain.trainer.trainer import Trainer  # noqa: E402
 
-BATCH = {"tiny": 4, "small": 8}
+BATCH = {"tiny": 4, "small": 8, "medium": 2}
+SEQ = {"tiny": 128, "small": 256, "medium": 256}
+VOCAB = {"tiny": 1024, "small": 8192, "medium": 32768}
 
 
 class PlainBlock(nn.Module):
@@ -114,14 +120,16 @@ def build_trainer(size: str, precision: str, steps: int, run_dir: Path, *extra: 
         f"trainer.precision={precision}",
         "trainer.progress=false",
         "data=synthetic",
+        f"data.seq_len={SEQ[size]}",
         *extra,
     ]
-    cfg = compose_config([*overrides, f"data.vocab_size={8192 if size == 'small' else 1024}", f"trainer.max_steps={steps + 1}", "trainer.eval_every=100000"])
+    cfg = compose_config([*overrides, f"data.vocab_size={VOCAB[size]}", f"trainer.max_steps={steps + 1}", "trainer.eval_every=100000"])
     write_run_record(cfg, run_dir, overrides, Path.cwd())
     return Trainer(cfg, run_dir), cfg
 
 
-def measure(size: str, precision: str, steps: int, warmup: int, workdir: Path, compile: bool = False) -> dict[str, float]:
+def measure(size: str, precision: str, steps: int, warmup: int, workdir: Path, cache: Path, compile: bool = False) -> dict[str, tuple[float, float]]:
+    """{contender: (tokens/s, MFU)}, the medians of `steps` alternating rounds after `warmup` ones."""
     trainer, cfg = build_trainer(size, precision, steps + warmup, workdir / f"{size}-{precision}")
     m, dtype = cfg.model, trainer.autocast_dtype
     torch.manual_seed(0)
@@ -136,7 +144,7 @@ def measure(size: str, precision: str, steps: int, warmup: int, workdir: Path, c
     }
     if compile:
         compiled, _ = build_trainer(
-            size, precision, steps + warmup, workdir / f"{size}-{precision}-compile", "trainer.compile=true", f"trainer.compile_cache={workdir / 'cache'}"
+            size, precision, steps + warmup, workdir / f"{size}-{precision}-compile", "trainer.compile=true", f"trainer.compile_cache={cache}"
         )
         plain_compiled = torch.compile(copy.deepcopy(plain))  # what a plain-PyTorch user writes
         optimizers["plain+compile"] = torch.optim.AdamW(plain_compiled.parameters(), lr=1e-3, fused=True)
@@ -152,24 +160,45 @@ def measure(size: str, precision: str, steps: int, warmup: int, workdir: Path, c
     return {name: (tokens / statistics.median(values), flops / statistics.median(values) / roofline) for name, values in times.items()}
 
 
+BASELINE = {"curryTrain": "plain", "transformers": "plain", "curryTrain+compile": "plain+compile"}
+"""Each contender's speed is compared with plain PyTorch's in the same mode."""
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f}x ({min(values):.3f}-{max(values):.3f})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", nargs="+", default=["tiny", "small"])
+    parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=sorted(BATCH))
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=10, help="timed rounds per repeat (medium: a third of them)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="add the compiled contenders (minutes of compilation on 2 cores)")
     args = parser.parse_args()
-    print(f"{'size':<6}{'dtype':<6}{'contender':<14}{'tok/s (median of repeats)':>27}{'x plain':>9}{'MFU':>8}   (threads={torch.get_num_threads()})")
+    print(f"threads={torch.get_num_threads()}, {args.repeats} repeats of {args.steps} alternating rounds after {args.warmup} warm-up ones\n")
+    print("| size | precision | mode | curryTrain tok/s | plain tok/s | curryTrain / plain | transformers / plain | MFU curryTrain / plain |")
+    print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as workdir:
         for size in args.sizes:
+            steps = max(3, args.steps // 3) if size == "medium" else args.steps
             for precision in args.precisions:
-                runs = [measure(size, precision, args.steps, args.warmup, Path(workdir) / str(r), args.compile) for r in range(args.repeats)]
+                runs = [
+                    measure(size, precision, steps, args.warmup, Path(workdir) / str(r), Path(workdir) / "cache", args.compile) for r in range(args.repeats)
+                ]
                 rate = {name: statistics.median(run[name][0] for run in runs) for name in runs[0]}
                 mfu = {name: statistics.median(run[name][1] for run in runs) for name in runs[0]}
-                for name in rate:
-                    print(f"{size:<6}{precision:<6}{name:<14}{rate[name]:>27,.0f}{rate[name] / rate['plain']:>9.3f}{mfu[name]:>8.1%}")
+                ratios = {name: [run[name][0] / run[base][0] for run in runs] for name, base in BASELINE.items() if name in runs[0]}
+                for ours, base in (("curryTrain", "plain"), ("curryTrain+compile", "plain+compile")):
+                    if ours not in rate:
+                        continue
+                    others = spread(ratios["transformers"]) if ours == "curryTrain" else "-"
+                    print(
+                        f"| {size} | {precision} | {'compiled' if base != 'plain' else 'eager'} | {rate[ours]:,.0f} | {rate[base]:,.0f} | {spread(ratios[ours])} "
+                        f"| {others} | {mfu[ours]:.1%} / {mfu[base]:.1%} |",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":
