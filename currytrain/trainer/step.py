@@ -120,6 +120,7 @@ def accumulated_step(
     backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
     loss_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     pipeline: PipelineRunner | None = None,
+    parameters: Sequence[torch.Tensor] | None = None,
 ) -> DeviceStep:
     """Forward+backward each microbatch with its loss scaled by 1/N, then clip and take one optimizer step,
     unless the gradients are not finite.
@@ -138,32 +139,38 @@ def accumulated_step(
 
     With an optimizer that skips on the device (skips_on_device: fused AdamW, the default) nothing here waits
     for the device; otherwise the finiteness check reads the gradient norm back once.
+
+    `parameters`: list(model.parameters()), which a caller stepping the same model many times keeps (listing them
+    is ~1% of a tiny model's step on the CPU).
     """
     num_micro = len(microbatches)
     assert num_micro >= 1, "need at least one microbatch"
-    device = next(model.parameters()).device
-    total_loss = torch.zeros((), device=device)
+    parameters = list(model.parameters()) if parameters is None else parameters
+    device = parameters[0].device
     num_tokens = 0
     if pipeline is not None:
         total_loss, num_tokens = pipeline.step(microbatches, device, autocast_dtype)
     else:
         forward = forward_loss or model_loss(model, loss_fn)
+        task_losses = []
         for inputs, targets in microbatches:
             inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
             autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
             with loss_context():
                 with autocast:
                     task_loss, loss = forward(inputs, targets)
+                loss = loss / num_micro if num_micro > 1 else loss
                 # fp16: the loss is scaled up so that small gradients do not underflow; unscaled before clipping.
-                backward(scaler.scale(loss / num_micro) if scaler is not None else loss / num_micro)
+                backward(scaler.scale(loss) if scaler is not None else loss)
             # The reported loss is the task loss alone, so runs with and without auxiliary losses compare.
-            total_loss += full(task_loss.detach()) / num_micro
+            task_losses.append(full(task_loss.detach()).float())
             num_tokens += targets.numel()
+        total_loss = task_losses[0] if num_micro == 1 else torch.stack(task_losses).mean()
 
     if scaler is not None:
         scaler.unscale_(optimizer)
     # An infinite bound measures the norm without changing the gradients.
-    grad_norm = clip_grad_norm(list(model.parameters()), grad_clip if grad_clip > 0 else float("inf"), pipeline.group if pipeline is not None else None)
+    grad_norm = clip_grad_norm(parameters, grad_clip if grad_clip > 0 else float("inf"), pipeline.group if pipeline is not None else None)
     found_inf = (~torch.isfinite(grad_norm)).float()
     if scaler is None and skips_on_device(optimizer):
         optimizer.found_inf = found_inf

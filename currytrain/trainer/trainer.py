@@ -85,6 +85,7 @@ class Trainer:
         parts = components or build_components(cfg, self.state)
         self.data, self.model, self.optimizer, self.scheduler = parts.data, parts.model, parts.optimizer, parts.scheduler
         self.module = parts.module  # the model with its own parameter names, for checkpoints and weight loading
+        self.params = list(self.model.parameters())  # listed once: every step clips and checks them
         self.autocast_dtype, self.forward_loss, self.loss_fn = parts.autocast_dtype, parts.forward_loss, parts.loss_fn
         self.score = parts.score  # the task loss eval reports: the model's own loss() when it has one
         self.pipeline = parts.pipeline  # pipeline parallelism: its schedule steps (and evaluates) this rank's stages
@@ -191,6 +192,7 @@ class Trainer:
             backward=self.state.fabric.backward if self.state.fabric is not None else torch.Tensor.backward,
             loss_context=self.state.loss_context,
             pipeline=self.pipeline,
+            parameters=self.params,
         )
         if self.auto_compile:
             self.probe_auto_compile(step)
