@@ -108,7 +108,7 @@ def predict(cfg: DictConfig, layout: Layout, dense: int, experts: int, tp_replic
     shard = lambda stage: layout.dp if layout.zero_stage >= stage else 1  # noqa: E731 (how much a ZeRO stage divides)
     states = OPTIMIZER_STATES.get(cfg.optimizer.get("_target_"), 2)
     params, grads, optimizer = 4 * per_rank / shard(3), 4 * per_rank / shard(2), 4 * states * per_rank / shard(1)
-    element = 2 if trainer.precision == "bf16" else 4
+    element = 2 if trainer.precision in ("bf16", "fp8") else 4
     tokens = trainer.batch_size / layout.dp * cfg.data.seq_len / layout.cp
     hidden = model.get("expert_hidden", 0) * model.get("top_k", 0) + model.get("mlp_hidden", 0)
     layers = model.n_layers / layout.pp

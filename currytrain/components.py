@@ -17,13 +17,16 @@ import torch
 from omegaconf import DictConfig
 
 from currytrain.build import allow_modules, build
+from currytrain.errors import ConfigError
 from currytrain.model import build_model
 from currytrain.model.protocol import ForwardLoss, LossFn, TaskLoss, causal_lm_loss, data_ignore_index, default_loss, model_loss, task_loss
 from currytrain.optim.builders import build_scheduler
 from currytrain.parallel.compile import compile_forward_loss, compile_loss, compiles_whole
+from currytrain.parallel.float8 import FLOAT8_MULTIPLE, float8_linears
 from currytrain.parallel.state import ParallelState
 
-PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
+"""The autocast of each trainer.precision (fp8: bf16 around the float8 matmuls of currytrain/parallel/float8.py)."""
 
 
 @dataclass
@@ -78,7 +81,13 @@ def build_components(cfg: DictConfig, state: ParallelState, data: Any = None, mo
     compile = cfg.trainer.compile is True
     whole = compile and compiles_whole(state)
     per_block = compile and not whole
-    model = parallel.apply(build_model(cfg.model) if model is None else model, state, cfg.model, cfg.trainer.precision, compile=per_block)
+    model = build_model(cfg.model) if model is None else model
+    if cfg.trainer.precision == "fp8" and not float8_linears(model):
+        raise ConfigError(
+            f"trainer.precision=fp8 found no linear layer in model.layers whose sizes are multiples of {FLOAT8_MULTIPLE} "
+            "(float8 matmuls need them): choose model.dim, model.mlp_hidden and the head sizes as multiples of 16, or pass trainer.precision=bf16"
+        )
+    model = parallel.apply(model, state, cfg.model, cfg.trainer.precision, compile=per_block)
     # The optimizer sees the parallelized model (FSDP's sharded parameters); ZeRO-1 then wraps it.
     optimizer = parallel.wrap_optimizer(build(cfg.optimizer, exclude=["schedule"], model=model), state)
     scheduler = build_scheduler(optimizer, cfg.optimizer.schedule, cfg.trainer.max_steps)

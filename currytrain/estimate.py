@@ -83,7 +83,7 @@ def estimate_memory(cfg: DictConfig, limit: int | None = None) -> MemoryEstimate
     too_big = limit is not None and rough is not None and 16 * rough > limit
     num_params = rough if too_big else count_parameters(model)
     tokens = trainer.batch_size * cfg.data.get("seq_len", 1)  # tables (data=digits) have one row per example
-    element = 2 if trainer.precision == "bf16" else 4
+    element = 2 if trainer.precision in ("bf16", "fp8") else 4
     hidden = model.get("expert_hidden", 0) * model.get("top_k", 0) + model.get("mlp_hidden", 0)
     per_token_layer = 10 * model.get("dim", 0) + 4 * hidden  # norms, q/k/v, attention out, residuals; SwiGLU's three
     if model.get("ac", "none") == "full":

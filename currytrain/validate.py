@@ -392,6 +392,18 @@ def _check_fabric_precision(cfg: DictConfig) -> list[str]:
     return []
 
 
+def _check_float8(cfg: DictConfig) -> list[str]:
+    """trainer.precision=fp8 is built and tested on one process: torchao's float8 under FSDP's all-gathers, tensor
+    parallelism's plans and the pipeline's stages needs their own wiring (torchtitan's float8 converters)."""
+    if cfg.trainer.precision != "fp8" or not _is(cfg.parallel, ParallelConfig):
+        return []
+    world = launched_world_size(cfg.parallel.nproc) if cfg.parallel.nproc >= 1 else 1
+    if world > 1 or cfg.parallel.runtime == "fabric":
+        where = f"{world} processes" if world > 1 else "parallel.runtime=fabric"
+        return [f"trainer.precision=fp8 runs on one process for now, and this run has {where}: pass parallel=single, or trainer.precision=bf16"]
+    return []
+
+
 def _check_loggers(cfg: DictConfig) -> list[str]:
     return [] if cfg.logger else ["logger is empty: pass logger=[tensorboard,jsonl] (or at least one logger)"]
 
@@ -406,6 +418,7 @@ CROSS_GROUP_CHECKS = (
     _check_rollback,
     *PARALLEL_CHECKS,
     _check_fabric_precision,
+    _check_float8,
     _check_loggers,
 )
 

@@ -140,6 +140,10 @@ def test_model_sizes_match_the_issue(compose_cfg):
         1024,
         256,
     )
+    medium = compose_cfg("model/size=medium", tiny=False).model  # bench/peers.py's ~125M (GPT-2 small) shape
+    with torch.device("meta"):
+        parameters = sum(p.numel() for p in build_model(medium).parameters())
+    assert (medium.dim, medium.n_layers, medium.n_heads, medium.n_kv_heads) == (768, 12, 12, 4) and 100e6 < parameters < 150e6, parameters
 
 
 def test_default_config_is_valid_and_typed(compose_cfg):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -18,7 +19,7 @@ def compiler_missing() -> bool:
 
 
 DEVICES = ("auto", "cpu", "cuda")
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 COMPILE_CHOICES = (True, False, "auto")
 
 
@@ -61,7 +62,9 @@ class TrainerConfig:
     device: str = "auto"
     """auto (cuda when present, else cpu), cpu or cuda."""
     precision: str = "fp32"
-    """fp32, bf16 (autocast; the weights and optimizer stay fp32) or fp16 (autocast + loss scaling; CUDA only)."""
+    """fp32, bf16 (autocast; the weights and optimizer stay fp32), fp16 (autocast + loss scaling; CUDA only) or fp8
+    (the blocks' linears in float8 through torchao, rowwise scaling, the rest under bf16 autocast; one process; needs
+    `pip install 'currytrain[fp8]'`, and on a GPU compute capability 8.9+; docs/performance.md)."""
     progress: bool = True
     """Show the rich progress bar (step, loss, tokens/s, ETA)."""
     compile: Any = False
@@ -95,7 +98,11 @@ class TrainerConfig:
                 f"{path}.compile=true needs a C++ compiler for torch.compile's CPU kernels, and neither $CXX nor g++ is on PATH: "
                 f"install one (e.g. apt-get install g++) or set CXX, or pass {path}.compile=false"
             )
-        if node.device == "cuda" or node.precision == "fp16":  # torch loads only when CUDA matters
+        if node.precision == "fp8" and importlib.util.find_spec("torchao") is None:
+            problems.append(
+                f"{path}.precision=fp8 trains float8 matmuls through torchao, which is not installed: pip install 'currytrain[fp8]' (torchao), or pass {path}.precision=bf16"
+            )
+        if node.device == "cuda" or node.precision in ("fp16", "fp8"):  # torch loads only when CUDA matters
             import torch
 
             cuda = torch.cuda.is_available()
@@ -104,5 +111,10 @@ class TrainerConfig:
             elif node.precision == "fp16" and (node.device == "cpu" or not cuda):
                 problems.append(
                     f"{path}.precision=fp16 needs a CUDA device (its loss scaling is a GPU feature), and this run trains on the CPU: pass {path}.precision=bf16 (or fp32)"
+                )
+            elif node.precision == "fp8" and node.device != "cpu" and cuda and torch.cuda.get_device_capability() < (8, 9):
+                major, minor = torch.cuda.get_device_capability()
+                problems.append(
+                    f"{path}.precision=fp8 needs float8 matmuls (compute capability 8.9+: H100, L40, RTX 4090), and this GPU has {major}.{minor}: pass {path}.precision=bf16"
                 )
         return problems
