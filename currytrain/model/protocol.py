@@ -160,10 +160,11 @@ def model_loss(model: nn.Module, loss_fn: LossFn = causal_lm_loss, data: Any = N
     """The ForwardLoss of `model`: its task loss (task_loss: the data's or its own, else `loss_fn`), plus
     auxiliary_loss() when it has one. trainer.compile on one process compiles this whole function."""
     loss_of = task_loss(model, loss_fn, data)
+    auxiliary = isinstance(model, HasAuxiliaryLoss)  # asked once: a runtime protocol check costs microseconds a step
 
     def forward_loss(inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         value = loss_of(model(inputs), (inputs, targets))
-        if not isinstance(model, HasAuxiliaryLoss):
+        if not auxiliary:
             return value, value
         # full(): under tensor parallelism the task loss is a DTensor and the MoE losses plain tensors.
         return value, full(value) + model.auxiliary_loss()
