@@ -6,6 +6,7 @@
 #   bash bench/gpu.sh                 # needs a CUDA torch in .venv
 #   PY=python3 bash bench/gpu.sh      # another interpreter that has curryTrain's dependencies
 #   bash bench/gpu.sh --smoke         # the same pipeline at tiny dims on the CPU, to check the script itself
+#   MODEL="model.dim=3072 ... model.ac=full" bash bench/gpu.sh   # another shape (docs/performance.md: the 3B row)
 #
 # Rows: bf16 eager; bf16 + trainer.compile (one graph: one process, model whole); bf16 + compile under
 # parallel=fsdp on this one GPU (fully_shard per block, blocks compiled apart); trainer.precision=fp8 + compile
@@ -18,7 +19,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 PEAK_TFLOPS=${PEAK_TFLOPS:-989}
 STEPS=${STEPS:-10}
-MODEL="model.dim=2048 model.n_layers=18 model.n_heads=16 model.n_kv_heads=4 model.mlp_hidden=5632 model.vocab_size=32000 model.max_seq_len=2048"
+MODEL=${MODEL:-"model.dim=2048 model.n_layers=18 model.n_heads=16 model.n_kv_heads=4 model.mlp_hidden=5632 model.vocab_size=32000 model.max_seq_len=2048"}
 RUN="data=synthetic trainer.batch_size=4 trainer.precision=bf16 trainer.device=cuda"
 COMPILE=true
 LOSS_STEPS=${LOSS_STEPS:-200}

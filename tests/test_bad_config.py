@@ -23,7 +23,7 @@ BAD_CONFIGS = [
     (["data=text", "data.paths=[/no/such/corpus]"], ["data.paths: /no/such/corpus does not exist"]),
     (["data.seq_len=64"], ["data.seq_len=64 exceeds model.max_seq_len=32"]),
     (["trainer.device=tpu"], ["trainer.device=tpu", "trainer.device=auto"]),
-    (["trainer.precision=fp8"], ["trainer.precision=fp8"]),
+    (["trainer.precision=fp4"], ["trainer.precision=fp4"]),
     (["trainer.resume=/no/such/run"], ["trainer.resume=/no/such/run holds no complete checkpoint"]),
     (["trainer.resume=/tmp"], ["trainer.resume=/tmp holds no complete checkpoint"]),
     (["optimizer=sgd", "optimizer.momentum=0"], ["optimizer.nesterov=true needs momentum"]),

@@ -182,8 +182,9 @@ def test_a_sweep_keeps_n_jobs_in_flight_and_a_pruned_trial_frees_its_slot(cluste
         "sweep.n_jobs=2",
         SMALL_DATA,
         # The other trials train well past the pruned one's step 3, whatever their start-up skew, and long enough for the
-        # sweeper to see the prune and submit the next trial under load (40 steps was not, beside a busy pytest worker).
-        "trainer.max_steps=150",
+        # sweeper to see the prune and submit the next trial under load (40, then 150 steps were not, beside a busy
+        # pytest worker: the sweeper's poll, sbatch and the queue took longer than the partner's remaining steps).
+        "trainer.max_steps=500",
         f"hydra.sweep.dir={sweep_dir}",
     )
     sweeper = start(cluster, tmp_path / "console", *overrides)
