@@ -52,6 +52,9 @@ def test_fp8_refuses_what_it_cannot_run(tmp_path, monkeypatch):
     result = launch("trainer.precision=fp8", "parallel=ddp", "parallel.nproc=2", f"hydra.run.dir={tmp_path / 'ddp'}")
     assert result.returncode == 2 and "trainer.precision=fp8 runs on one process" in result.stderr, result.stderr
     assert not (tmp_path / "ddp" / "journal.jsonl").exists()
+    # Compiled on the CPU, inductor's float8 kernels give non-finite gradients (every step skipped): refused.
+    result = launch("trainer.precision=fp8", "trainer.compile=true", f"hydra.run.dir={tmp_path / 'compiled'}")
+    assert result.returncode == 2 and "trainer.precision=fp8 with trainer.compile=true on the CPU" in result.stderr, result.stderr
     # No linear whose sizes float8 matmuls take (multiples of 16): a config error naming the key, not a traceback.
     result = launch("trainer.precision=fp8", "model.dim=40", "model.mlp_hidden=72", f"hydra.run.dir={tmp_path / 'odd'}")
     assert result.returncode == 2 and "trainer.precision=fp8 found no linear layer" in result.stderr, result.stderr

@@ -112,6 +112,11 @@ class TrainerConfig:
                 problems.append(
                     f"{path}.precision=fp16 needs a CUDA device (its loss scaling is a GPU feature), and this run trains on the CPU: pass {path}.precision=bf16 (or fp32)"
                 )
+            elif node.precision == "fp8" and node.compile in (True, "auto") and (node.device == "cpu" or not cuda):
+                problems.append(
+                    f"{path}.precision=fp8 with {path}.compile={str(node.compile).lower()} on the CPU gives non-finite gradients (inductor's CPU float8 "
+                    f"kernels, torch {torch.__version__.split('+')[0]}): pass {path}.compile=false (fp8 on the CPU is for checking a recipe), or train on a GPU"
+                )
             elif node.precision == "fp8" and node.device != "cpu" and cuda and torch.cuda.get_device_capability() < (8, 9):
                 major, minor = torch.cuda.get_device_capability()
                 problems.append(
