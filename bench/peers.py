@@ -190,12 +190,13 @@ def main() -> None:
                 rate = {name: statistics.median(run[name][0] for run in runs) for name in runs[0]}
                 mfu = {name: statistics.median(run[name][1] for run in runs) for name in runs[0]}
                 ratios = {name: [run[name][0] / run[base][0] for run in runs] for name, base in BASELINE.items() if name in runs[0]}
-                for ours, base in (("curryTrain", "plain"), ("curryTrain+compile", "plain+compile")):
+                for ours in ("curryTrain", "curryTrain+compile"):
                     if ours not in rate:
                         continue
-                    others = spread(ratios["transformers"]) if ours == "curryTrain" else "-"
+                    base, eager = BASELINE[ours], ours == "curryTrain"
+                    others = spread(ratios["transformers"]) if eager else "-"
                     print(
-                        f"| {size} | {precision} | {'compiled' if base != 'plain' else 'eager'} | {rate[ours]:,.0f} | {rate[base]:,.0f} | {spread(ratios[ours])} "
+                        f"| {size} | {precision} | {'eager' if eager else 'compiled'} | {rate[ours]:,.0f} | {rate[base]:,.0f} | {spread(ratios[ours])} "
                         f"| {others} | {mfu[ours]:.1%} / {mfu[base]:.1%} |",
                         flush=True,
                     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -95,6 +96,12 @@ def needs_process(argv: list[str], env: dict[str, str] | None) -> bool:
     if os.environ.get("CURRYTRAIN_TEST_SUBPROCESS") == "1":  # every run in its own process, as before the runner
         return True
     return bool(env) or "-m" in argv or "--multirun" in argv or any(not value.isdigit() or int(value) > 1 for value in nproc)
+
+
+def train_losses(run_dir: Path) -> list[float]:
+    """The train/loss of each step a run logged (its metrics.jsonl), in order."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [row["train/loss"] for row in rows if "train/loss" in row]
 
 
 def launch(*overrides: str, tiny: bool = True, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

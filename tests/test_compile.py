@@ -3,7 +3,6 @@ loss as one graph on one process, the persistent compile cache)."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import launch, launch_subprocess
+from conftest import launch, launch_subprocess, train_losses
 from currytrain.journal import read_journal
 from currytrain.parallel.compile import record_compile_seconds, recorded_compile_seconds
 from currytrain.trainer.hooks import CONTINUE, Decision
@@ -85,11 +84,6 @@ def test_compile_needs_a_cxx_compiler(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def _losses(run_dir: Path) -> list[float]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [row["train/loss"] for row in rows if "train/loss" in row]
-
-
 @pytest.fixture(scope="module")
 def compiled_runs(tmp_path_factory):
     """An eager run, then the same run compiled twice in fresh processes, in run folders of different parents (two
@@ -115,7 +109,7 @@ def compiled_runs(tmp_path_factory):
 
 @pytest.mark.slow  # compiling even the TINY model takes ~30 s on 2 quiet cores (minutes under load)
 def test_compiled_training_matches_eager_and_a_second_run_reuses_the_cache(compiled_runs):
-    eager, cold = _losses(compiled_runs["eager"]), _losses(compiled_runs["cold"])
+    eager, cold = train_losses(compiled_runs["eager"]), train_losses(compiled_runs["cold"])
     assert len(eager) == len(cold) == 4
     assert all(abs(a - b) < 1e-4 for a, b in zip(eager, cold)), (eager, cold)
     reports = {name: next(e for e in read_journal(compiled_runs[name] / "journal.jsonl") if e["type"] == "compile") for name in ("cold", "warm")}
@@ -128,7 +122,7 @@ def test_compiled_training_matches_eager_and_a_second_run_reuses_the_cache(compi
     assert reports["cold"]["graphs"] == 1 and reports["cold"]["cache_misses"] > 0
     # The second run, a fresh process in another folder, loads every graph from the shared cache.
     assert reports["warm"]["cache_hits"] > 0 and reports["warm"]["cache_misses"] == 0, reports
-    assert _losses(compiled_runs["warm"]) == cold
+    assert train_losses(compiled_runs["warm"]) == cold
 
 
 def _events(run_dir: Path, kind: str) -> list[dict]:
@@ -188,6 +182,6 @@ def test_compile_auto_compiles_when_a_measured_cost_is_repaid_and_trains_as_eage
     assert report["step"] == 4 and report["graphs"] >= 1
     # The compiled run records its own cost (with the ISA checks detect_vec_isa ran first) for the next auto run.
     assert recorded_compile_seconds(cache, trainer.compile_signature) == pytest.approx(report["first_step_seconds"] + report["isa_seconds"], abs=2e-3)
-    eager, auto = _losses(tmp_path / "eager"), _losses(tmp_path / "auto")
+    eager, auto = train_losses(tmp_path / "eager"), train_losses(tmp_path / "auto")
     assert len(eager) == len(auto) == 6
     assert all(abs(a - b) < 1e-4 for a, b in zip(eager, auto)), (eager, auto)

@@ -4,25 +4,17 @@ GPU figure (bench/gpu.sh)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-from conftest import launch
+from conftest import launch, train_losses
 from currytrain.trainer.config import TrainerConfig
 from currytrain.trainer.trainer import Trainer
 
 torchao = pytest.importorskip("torchao")
 FAST_DATA = "data.max_bytes=300000"
 RUN = (FAST_DATA, "model.n_layers=2", "trainer.max_steps=30", "trainer.eval_every=1000", "logger=[jsonl]")
-
-
-def _losses(run_dir: Path) -> list[float]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [row["train/loss"] for row in rows if "train/loss" in row]
 
 
 def test_fp8_trains_the_blocks_linears_in_float8_close_to_bf16(compose_cfg, tmp_path):
@@ -40,7 +32,7 @@ def test_fp8_trains_the_blocks_linears_in_float8_close_to_bf16(compose_cfg, tmp_
     # The parameters keep their names and shapes: checkpoints and `hf export` read an fp8 run as a bf16 one.
     shapes = {precision: {k: v.shape for k, v in trainer.model.state_dict().items()} for precision, trainer in runs.items()}
     assert shapes["fp8"] == shapes["bf16"]
-    bf16, fp8 = _losses(tmp_path / "bf16"), _losses(tmp_path / "fp8")
+    bf16, fp8 = train_losses(tmp_path / "bf16"), train_losses(tmp_path / "fp8")
     assert len(bf16) == len(fp8) == 30 and all(map(torch.isfinite, torch.tensor(fp8)))
     assert fp8[-1] < fp8[0] - 0.5, fp8  # it learns
     assert abs(fp8[-1] - bf16[-1]) < 0.02 * bf16[-1], (bf16[-1], fp8[-1])  # within 2% of bf16 after 30 steps

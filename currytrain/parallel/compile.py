@@ -71,9 +71,10 @@ def launch_dir() -> Path:
     return Path(HydraConfig.get().runtime.cwd) if HydraConfig.initialized() else Path.cwd()
 
 
-def detect_vec_isa() -> float:
+def detect_vec_isa(device: torch.device) -> float:
     """Have inductor choose the CPU's vector instruction set now, its candidates checked side by side, in the
-    machine's cache; returns the seconds it took (0 where it was known already or the CPU is not x86).
+    machine's cache; returns the seconds it took (0 where it was known already, the run is not on the CPU or the
+    CPU is not x86).
 
     inductor checks each candidate the CPU claims (AVX2, AVX-512, VNNI, AMX, bf16) by compiling and loading a test
     library, one after another, the first time it compiles a kernel in a process: 11.7 s of the 24 s a cold TINY gqa
@@ -83,7 +84,7 @@ def detect_vec_isa() -> float:
     A check that fails here leaves the choice to inductor, as without this."""
     from torch._inductor import cpu_vec_isa
 
-    if platform.machine() not in ("x86_64", "AMD64") or cpu_vec_isa.valid_vec_isa_list.cache_info().currsize:
+    if device.type != "cpu" or platform.machine() not in ("x86_64", "AMD64") or cpu_vec_isa.valid_vec_isa_list.cache_info().currsize:
         return 0.0
     started = time.perf_counter()
     chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")

@@ -81,7 +81,7 @@ class Trainer:
         self.state = state or ParallelState(device=resolve_device(self.cfg.device))  # default: one process, no group
         if self.cfg.compile:
             use_compile_cache(self.cfg.compile_cache)
-        self.isa_seconds = detect_vec_isa() if self.cfg.compile is True and self.state.device.type == "cpu" else 0.0
+        self.isa_seconds = detect_vec_isa(self.state.device) if self.cfg.compile is True else 0.0
         parts = components or build_components(cfg, self.state)
         self.data, self.model, self.optimizer, self.scheduler = parts.data, parts.model, parts.optimizer, parts.scheduler
         self.module = parts.module  # the model with its own parameter names, for checkpoints and weight loading
@@ -278,7 +278,7 @@ class Trainer:
         self.journal.event("compile_choice", step=self.step, **choice.event())
         log.info("trainer.compile=auto: %s (%s)", "compiling" if choice.compile else "eager", choice.reason)
         if choice.compile:
-            self.isa_seconds = detect_vec_isa() if self.state.device.type == "cpu" else 0.0
+            self.isa_seconds = detect_vec_isa(self.state.device)
             self.forward_loss = compile_forward_loss(self.model, self.loss_fn, self.data)
             self.compile_step = self.step + 1
 
