@@ -5,7 +5,7 @@
     python bench/peers.py --sizes tiny --precisions fp32 --steps 10
 
 Contenders, each stepping the same Llama-shaped model (GQA, RoPE, RMSNorm, SwiGLU) on the same random
-tokens with AdamW and gradient clipping:
+tokens (each read from the same data when it steps) with AdamW and gradient clipping:
   curryTrain   Trainer.train_step(): the real loop with metrics, journal, loggers and progress bookkeeping
   plain        a plain-PyTorch Llama written here, stepped by a hand-written loop (no framework)
   transformers LlamaForCausalLM with the equivalent LlamaConfig, stepped by the same hand-written loop
@@ -136,11 +136,12 @@ def measure(size: str, precision: str, steps: int, warmup: int, workdir: Path, c
     plain = PlainLlama(m.vocab_size, m.dim, m.n_layers, m.n_heads, m.n_kv_heads, m.mlp_hidden, m.max_seq_len)
     hf = hf_llama(m)
     optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True) for name, model in (("plain", plain), ("transformers", hf))}
-    batches = [trainer.data.batch("train", step, 0, BATCH[size]) for step in range(steps + warmup)]
+    # Every contender reads its batch when it steps, from the same data (a plain loop has to read one too).
+    batches = lambda step: trainer.data.batch("train", step, 0, BATCH[size])  # noqa: E731
     contenders = {
         "curryTrain": lambda step: trainer.train_step(),
-        "plain": lambda step: hand_step(plain, optimizers["plain"], batches[step], dtype, lambda model, x: model(x)),
-        "transformers": lambda step: hand_step(hf, optimizers["transformers"], batches[step], dtype, lambda model, x: model(input_ids=x).logits),
+        "plain": lambda step: hand_step(plain, optimizers["plain"], batches(step), dtype, lambda model, x: model(x)),
+        "transformers": lambda step: hand_step(hf, optimizers["transformers"], batches(step), dtype, lambda model, x: model(input_ids=x).logits),
     }
     if compile:
         compiled, _ = build_trainer(
@@ -149,7 +150,7 @@ def measure(size: str, precision: str, steps: int, warmup: int, workdir: Path, c
         plain_compiled = torch.compile(copy.deepcopy(plain))  # what a plain-PyTorch user writes
         optimizers["plain+compile"] = torch.optim.AdamW(plain_compiled.parameters(), lr=1e-3, fused=True)
         contenders["curryTrain+compile"] = lambda step: compiled.train_step()
-        contenders["plain+compile"] = lambda step: hand_step(plain_compiled, optimizers["plain+compile"], batches[step], dtype, lambda model, x: model(x))
+        contenders["plain+compile"] = lambda step: hand_step(plain_compiled, optimizers["plain+compile"], batches(step), dtype, lambda model, x: model(x))
     times = alternating_step_times(contenders, rounds=steps, warmup=warmup)
     tokens = BATCH[size] * cfg.data.seq_len
     roofline = matmul_roofline(1024, dtype or torch.float32, torch.device("cpu"))

@@ -23,10 +23,16 @@ from currytrain.model.protocol import ForwardLoss, LossFn, TaskLoss, causal_lm_l
 from currytrain.optim.builders import build_scheduler
 from currytrain.parallel.compile import compile_forward_loss, compile_loss, compiles_whole
 from currytrain.parallel.float8 import FLOAT8_MULTIPLE, float8_linears
+from currytrain.parallel.kernels import AttentionChoice, choose_attention_precision
 from currytrain.parallel.state import ParallelState
 
 PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
 """The autocast of each trainer.precision (fp8: bf16 around the float8 matmuls of currytrain/parallel/float8.py)."""
+
+
+def step_autocast(cfg: DictConfig, state: ParallelState) -> torch.dtype | None:
+    """The step's autocast; None under Fabric, whose precision plugin autocasts the forward itself."""
+    return None if state.fabric is not None else PRECISION_DTYPES[cfg.trainer.precision]
 
 
 @dataclass
@@ -54,6 +60,9 @@ class Components:
     task_loss: TaskLoss | None = None
     """(logits, batch) -> the task loss the trainer's eval and the ladder's probes score: the model's own loss()
     when it has one (currytrain.model.protocol), else loss_fn. build_components sets it; None means loss_fn."""
+    attention: AttentionChoice | None = None
+    """The attention kernel's dtype trainer.attention_precision chose (the Trainer journals it), None where there
+    was nothing to choose."""
 
     def score(self, logits: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """The task loss of `logits` on `batch` (task_loss, else loss_fn against the targets)."""
@@ -62,7 +71,7 @@ class Components:
     @property
     def autocast_dtype(self) -> torch.dtype | None:
         """The step's autocast; None under Fabric, whose precision plugin autocasts the forward itself."""
-        return None if self.state.fabric is not None else PRECISION_DTYPES[self.cfg.trainer.precision]
+        return step_autocast(self.cfg, self.state)
 
 
 def build_components(cfg: DictConfig, state: ParallelState, data: Any = None, model: torch.nn.Module | None = None) -> Components:
@@ -88,6 +97,9 @@ def build_components(cfg: DictConfig, state: ParallelState, data: Any = None, mo
             "(float8 matmuls need them): choose model.dim, model.mlp_hidden and the head sizes as multiples of 16, or pass trainer.precision=bf16"
         )
     model = parallel.apply(model, state, cfg.model, cfg.trainer.precision, compile=per_block)
+    attention = choose_attention_precision(
+        model, cfg.trainer.attention_precision, step_autocast(cfg, state), state.device, cfg.trainer.batch_size, data.seq_len, state.world_size
+    )
     # The optimizer sees the parallelized model (FSDP's sharded parameters); ZeRO-1 then wraps it.
     optimizer = parallel.wrap_optimizer(build(cfg.optimizer, exclude=["schedule"], model=model), state)
     scheduler = build_scheduler(optimizer, cfg.optimizer.schedule, cfg.trainer.max_steps)
@@ -96,7 +108,9 @@ def build_components(cfg: DictConfig, state: ParallelState, data: Any = None, mo
     pipeline = parallel.build_pipeline(model, state, cfg.model, loss_fn, cfg.trainer.grad_accum)
     forward_loss = compile_forward_loss(model, loss_fn, data) if whole else model_loss(model, loss_fn, data)
     module = parallel.unwrap(model, state)
-    return Components(cfg, state, data, model, optimizer, scheduler, module, forward_loss, loss_fn, pipeline, task_loss(model, loss_fn, data))
+    return Components(
+        cfg, state, data, model, optimizer, scheduler, module, forward_loss, loss_fn, pipeline, task_loss(model, loss_fn, data), attention=attention
+    )
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ BAD_CONFIGS = [
     (["data.seq_len=64"], ["data.seq_len=64 exceeds model.max_seq_len=32"]),
     (["trainer.device=tpu"], ["trainer.device=tpu", "trainer.device=auto"]),
     (["trainer.precision=fp4"], ["trainer.precision=fp4"]),
+    (["trainer.attention_precision=bf16"], ["trainer.attention_precision=bf16", "auto"]),
     (["trainer.resume=/no/such/run"], ["trainer.resume=/no/such/run holds no complete checkpoint"]),
     (["trainer.resume=/tmp"], ["trainer.resume=/tmp holds no complete checkpoint"]),
     (["optimizer=sgd", "optimizer.momentum=0"], ["optimizer.nesterov=true needs momentum"]),

@@ -21,6 +21,7 @@ def compiler_missing() -> bool:
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 COMPILE_CHOICES = (True, False, "auto")
+ATTENTION_PRECISIONS = ("auto", "autocast", "fp32")
 
 
 @dataclass
@@ -65,6 +66,11 @@ class TrainerConfig:
     """fp32, bf16 (autocast; the weights and optimizer stay fp32), fp16 (autocast + loss scaling; CUDA only) or fp8
     (the blocks' linears in float8 through torchao, rowwise scaling, the rest under bf16 autocast; one process; needs
     `pip install 'currytrain[fp8]'`, and on a GPU compute capability 8.9+; docs/performance.md)."""
+    attention_precision: str = "auto"
+    """The dtype of the attention kernel under bf16/fp16/fp8 (the rest stays under autocast): autocast (16-bit),
+    fp32, or auto: on one CPU process, times SDPA's forward + backward at the run's shapes in both and takes fp32
+    where it is clearly faster (the CPU's 16-bit backward is slow at short sequences); elsewhere autocast. The
+    journal's `attention_precision` event says which and why; a resumed run keeps its checkpoint's choice."""
     progress: bool = True
     """Show the rich progress bar (step, loss, tokens/s, ETA)."""
     compile: Any = False
@@ -83,7 +89,7 @@ class TrainerConfig:
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
         problems = one_of(node, path, "device", DEVICES) + one_of(node, path, "precision", PRECISIONS)
-        problems += one_of(node, path, "resume_mode", RESUME_MODES)
+        problems += one_of(node, path, "resume_mode", RESUME_MODES) + one_of(node, path, "attention_precision", ATTENTION_PRECISIONS)
         if node.resume_mode == "weights" and node.resume == "none":
             problems.append(
                 f"{path}.resume_mode=weights resumes the model weights of a checkpoint, and {path}.resume=none names none: pass {path}.resume=auto "

@@ -20,7 +20,7 @@ from currytrain.checkpoint import Checkpointer, TrainState, metadata_problem
 from currytrain.components import Components, build_components
 from currytrain.data import HasEvalMetrics
 from currytrain.errors import Aborted, ConfigError, Interrupted, Pruned, RunFailed
-from currytrain.journal import Journal
+from currytrain.journal import Journal, read_journal
 from currytrain.logger.base import MultiLogger, ending_status
 from currytrain.model.protocol import HasTrainingMetrics, full
 from currytrain.optim.builders import schedule_lambda
@@ -38,6 +38,7 @@ from currytrain.parallel.compile import (
     recorded_compile_seconds,
     use_compile_cache,
 )
+from currytrain.parallel.kernels import AttentionChoice, sdpa_attentions
 from currytrain.parallel.memory import optimizer_state_bytes, param_bytes
 from currytrain.parallel.state import ParallelState, resolve_device
 from currytrain.trainer.config import TrainerConfig, compiler_missing
@@ -88,6 +89,7 @@ class Trainer:
         self.params = list(self.model.parameters())  # listed once: every step clips and checks them
         self.autocast_dtype, self.forward_loss, self.loss_fn = parts.autocast_dtype, parts.forward_loss, parts.loss_fn
         self.score = parts.score  # the task loss eval reports: the model's own loss() when it has one
+        self.attention = parts.attention  # trainer.attention_precision's choice, journaled when the run starts
         self.pipeline = parts.pipeline  # pipeline parallelism: its schedule steps (and evaluates) this rank's stages
         # fp16 needs loss scaling (validation allows it on CUDA only); bf16 has fp32's range and needs none.
         self.scaler = torch.amp.GradScaler(self.state.device.type) if self.cfg.precision == "fp16" else None
@@ -144,6 +146,9 @@ class Trainer:
             self.maybe_init_from()
         num_params = sum(p.numel() for p in self.model.parameters())
         self.journal.event("start", step=self.step, num_params=num_params, device=str(self.state.device), data=self.data.describe())
+        if self.attention is not None:
+            self.journal.event("attention_precision", step=self.step, **self.attention.event())
+            log.info("attention kernel in %s: %s", "fp32" if self.attention.fp32 else self.cfg.precision, self.attention.reason)
         log.info("model: %.2fM parameters on %s; %d tokens per step", num_params / 1e6, self.state.device, self.tokens_per_step)
         if self.cfg.compile is True:
             self.compile_step = self.step + 1
@@ -453,6 +458,7 @@ class Trainer:
             self.checkpointer.load(path, self.train_state)
             self.apply_changes(changes, hyperparameters)
             fresh = {}
+        self.keep_attention_choice(path)
         estimated = self.train_state.tokens is None
         if estimated:  # a checkpoint from before the count: as if its batch never changed
             before = (saved or {}).get("trainer", {})
@@ -469,6 +475,21 @@ class Trainer:
         self.loggers.restarted(self.step)  # the steps after the checkpoint run again: their new values win
         log.info("resumed from %s at step %d (%s, %d tokens seen)", path, self.step, self.cfg.resume_mode, self.train_state.tokens)
         return True
+
+    def keep_attention_choice(self, checkpoint: Path) -> None:
+        """Under trainer.attention_precision=auto a resumed run keeps the attention dtype its checkpoint trained with
+        (the last choice its run's journal recorded up to that step), so that it continues with the same numbers
+        whatever the timing says today."""
+        journal = checkpoint.parent.parent / "journal.jsonl"  # <run>/checkpoints/step_<N>
+        if self.attention is None or self.cfg.attention_precision != "auto" or not journal.is_file():
+            return
+        step = self.train_state.step
+        earlier = [r for r in read_journal(journal) if r.get("type") == "attention_precision" and r.get("step", 0) <= step]
+        if earlier and earlier[-1]["fp32"] != self.attention.fp32:
+            for module in sdpa_attentions(self.model):
+                module.attention_fp32 = earlier[-1]["fp32"]
+            reason = f"kept from the checkpoint's run ({earlier[-1]['reason']}); timed now: {self.attention.reason}"
+            self.attention = AttentionChoice(earlier[-1]["fp32"], reason, self.attention.numbers)
 
     def apply_changes(self, changes: dict[str, dict], hyperparameters: list[dict]) -> None:
         """After a full resume, what the config changed since the checkpoint and the loaded state would hide: the

@@ -1,0 +1,110 @@
+"""trainer.attention_precision: under a 16-bit autocast the attention kernel may run in fp32 (on the CPU, SDPA's fp32
+backward beats its bf16 one at short sequences); auto times both at the run's shapes, the journal says which it
+took, and a resumed run keeps its checkpoint's choice. The model's own fast paths (torch's fused RMSNorm, the
+rotate-half RoPE) keep the numbers of the written-out forms."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from currytrain.model.layers import Attention, RMSNorm, apply_rope, build_rope_cache
+from currytrain.parallel.kernels import FP32_MARGIN, choose_attention_precision
+from currytrain.trainer.trainer import Trainer
+
+RUN = ("trainer.precision=bf16", "trainer.max_steps=4", "trainer.checkpoint_every=2", "trainer.eval_every=1000", "logger=[jsonl]")
+
+
+def _attention_inputs(seed: int = 0):
+    torch.manual_seed(seed)
+    attention = Attention(dim=64, n_heads=4, n_kv_heads=2)
+    cos, sin = build_rope_cache(16, 16, 10000.0)
+    return attention, torch.randn(2, 16, 64, requires_grad=True), cos, sin
+
+
+def _bf16(attention, x, cos, sin):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return attention(x, cos, sin)
+
+
+def test_fp32_attention_runs_the_kernel_in_fp32_while_training_and_in_16_bit_for_inference():
+    attention, x, cos, sin = _attention_inputs()
+    low = _bf16(attention, x, cos, sin)
+    attention.attention_fp32 = True
+    high = _bf16(attention, x, cos, sin)
+    # The reference: the same q, k, v (bf16 projections, fp32 rotation), the kernel itself in fp32.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        q, k, v = attention.project(x)
+        q, k = attention.rotate(q, cos, sin), attention.rotate(k, cos, sin)
+    reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True, enable_gqa=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = attention.wo(reference.transpose(1, 2).reshape(2, 16, -1))
+    assert torch.equal(high, expected)
+    assert not torch.equal(high, low)  # the 16-bit kernel gives other numbers: the switch really changed the kernel
+    high.float().sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all() and attention.wq.weight.grad is not None
+    with torch.no_grad():  # inference: the 16-bit kernel is the faster one forward
+        assert torch.equal(_bf16(attention, x, cos, sin), low.detach())
+
+
+def test_auto_times_both_kernels_on_the_cpu_and_takes_fp32_only_where_clearly_faster(compose_cfg):
+    from currytrain.model import build_model
+
+    model = build_model(compose_cfg().model)
+    cpu = torch.device("cpu")
+    choice = choose_attention_precision(model, "auto", torch.bfloat16, cpu, batch=4, seq_len=32, world_size=1)
+    assert choice.numbers["autocast_ms"] > 0 and choice.numbers["fp32_ms"] > 0
+    assert choice.fp32 == (choice.numbers["fp32_ms"] <= FP32_MARGIN * choice.numbers["autocast_ms"])
+    assert all(m.attention_fp32 == choice.fp32 for m in model.modules() if isinstance(m, Attention))
+    assert choice.numbers["shapes"] == [[4, 2, 1, 32, 16, 16]]  # batch, heads, kv heads, tokens, widths of TINY
+    # Forced, or nothing to choose: no timing.
+    forced = choose_attention_precision(model, "fp32", torch.bfloat16, cpu, 4, 32, 1)
+    assert forced.fp32 and "autocast_ms" not in forced.event() and all(m.attention_fp32 for m in model.modules() if isinstance(m, Attention))
+    assert choose_attention_precision(model, "auto", None, cpu, 4, 32, 1) is None  # fp32 training: no autocast
+    gpu = choose_attention_precision(model, "auto", torch.bfloat16, torch.device("cuda"), 4, 32, 1)
+    assert not gpu.fp32 and "cuda" in gpu.reason and not gpu.numbers
+    assert not any(m.attention_fp32 for m in model.modules() if isinstance(m, Attention))
+    assert not choose_attention_precision(model, "auto", torch.bfloat16, cpu, 4, 32, world_size=2).fp32
+
+
+def _choices(run_dir) -> list[dict]:
+    records = [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines()]
+    return [r for r in records if r["type"] == "attention_precision"]
+
+
+def test_the_run_journals_its_choice_and_a_resumed_run_keeps_the_checkpoints(compose_cfg, tmp_path):
+    run = tmp_path / "run"
+    trainer = Trainer(compose_cfg(*RUN, "trainer.max_steps=2"), run)
+    trainer.train()
+    (first,) = _choices(run)
+    assert first["step"] == 0 and isinstance(first["fp32"], bool) and "fp32" in first["reason"]
+    # As if the machine that trained the checkpoint had timed the other way: the resumed run keeps that choice.
+    journal = run / "journal.jsonl"
+    journal.write_text(journal.read_text().replace(f'"fp32": {json.dumps(first["fp32"])}', f'"fp32": {json.dumps(not first["fp32"])}', 1))
+    resumed = Trainer(compose_cfg(*RUN, "trainer.resume=auto"), run)
+    resumed.train()
+    second = _choices(run)[-1]
+    assert second["step"] == 2 and second["fp32"] is (not first["fp32"]) and second["reason"].startswith("kept from the checkpoint's run")
+    assert all(m.attention_fp32 is (not first["fp32"]) for m in resumed.model.modules() if isinstance(m, Attention))
+    # fp32 training autocasts nothing: there is nothing to choose, and nothing is journaled.
+    Trainer(compose_cfg("trainer.max_steps=1", "logger=[jsonl]"), tmp_path / "fp32").train()
+    assert _choices(tmp_path / "fp32") == []
+
+
+@pytest.mark.parametrize("shape", [(2, 7, 48), (3, 5, 1000)])
+def test_rmsnorm_fused_kernel_and_rotate_half_rope_keep_the_written_out_numbers(shape):
+    torch.manual_seed(0)
+    norm = RMSNorm(shape[-1], 1e-5)
+    norm.weight.data.normal_()
+    x = (torch.randn(*shape) * 3).requires_grad_()
+    x32 = x.detach()
+    written = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.eps)) * norm.weight.detach()
+    assert torch.equal(norm(x), written)
+    assert norm(x.bfloat16()).dtype == torch.float32  # bf16 input: the written-out fp32 path (the kernel wants one dtype)
+    cos, sin = build_rope_cache(16, 8, 10000.0)
+    q = torch.randn(2, 3, 16, 8)
+    first, second = q.chunk(2, dim=-1)
+    assert torch.equal(apply_rope(q, cos, sin), torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1))
