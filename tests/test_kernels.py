@@ -64,6 +64,7 @@ def test_auto_times_both_kernels_on_the_cpu_and_takes_fp32_only_where_clearly_fa
     forced = choose_attention_precision(model, "fp32", torch.bfloat16, cpu, 4, 32, 1)
     assert forced.fp32 and "autocast_ms" not in forced.event() and all(m.attention_fp32 for m in model.modules() if isinstance(m, Attention))
     assert choose_attention_precision(model, "auto", None, cpu, 4, 32, 1) is None  # fp32 training: no autocast
+    assert choose_attention_precision(model, "auto", torch.bfloat16, cpu, 4, None, 1) is None  # data with no seq_len to time at
     gpu = choose_attention_precision(model, "auto", torch.bfloat16, torch.device("cuda"), 4, 32, 1)
     assert not gpu.fp32 and "cuda" in gpu.reason and not gpu.numbers
     assert not any(m.attention_fp32 for m in model.modules() if isinstance(m, Attention))

@@ -44,12 +44,13 @@ def sdpa_attentions(model: torch.nn.Module) -> list[Attention]:
 
 
 def choose_attention_precision(
-    model: torch.nn.Module, setting: str, autocast_dtype: torch.dtype | None, device: torch.device, batch: int, seq_len: int, world_size: int
+    model: torch.nn.Module, setting: str, autocast_dtype: torch.dtype | None, device: torch.device, batch: int, seq_len: int | None, world_size: int
 ) -> AttentionChoice | None:
     """Set the attention modules' dtype for `setting` and say why; None where there is nothing to choose (no
-    16-bit autocast, or no SDPA attention in the model)."""
+    16-bit autocast, or no SDPA attention in the model) or nothing to time it at (auto, a data adapter that states
+    no seq_len)."""
     attentions = sdpa_attentions(model)
-    if autocast_dtype is None or not attentions or setting == "autocast":
+    if autocast_dtype is None or not attentions or setting == "autocast" or (setting == "auto" and seq_len is None):
         return None
     if setting == "fp32":
         choice = AttentionChoice(True, "trainer.attention_precision=fp32")
