@@ -1,7 +1,8 @@
 """trainer.attention_precision: under a 16-bit autocast the attention kernel may run in fp32 (on the CPU, SDPA's fp32
 backward beats its bf16 one at short sequences); auto times both at the run's shapes, the journal says which it
 took, and a resumed run keeps its checkpoint's choice. The model's own fast paths (torch's fused RMSNorm, the
-rotate-half RoPE) keep the numbers of the written-out forms."""
+rotate-half RoPE) keep the numbers of the written-out forms, and linears of one input run as one matmul under
+autocast unless something must see each of them called."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from currytrain.model.layers import Attention, RMSNorm, apply_rope, build_rope_cache
+from currytrain.model.layers import Attention, RMSNorm, apply_rope, build_rope_cache, shared_input_linears
 from currytrain.parallel.kernels import FP32_MARGIN, choose_attention_precision
 from currytrain.trainer.trainer import Trainer
 
@@ -109,3 +110,38 @@ def test_rmsnorm_fused_kernel_and_rotate_half_rope_keep_the_written_out_numbers(
     q = torch.randn(2, 3, 16, 8)
     first, second = q.chunk(2, dim=-1)
     assert torch.equal(apply_rope(q, cos, sin), torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1))
+
+
+def test_linears_of_one_input_run_as_one_matmul_under_autocast_unless_each_must_be_called():
+    torch.manual_seed(0)
+    linears = [torch.nn.Linear(32, width, bias=True) for width in (32, 16, 16)]
+    x = torch.randn(2, 5, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fused = shared_input_linears(x, *linears)
+        one = F.linear(x, torch.cat([lin.weight for lin in linears]), torch.cat([lin.bias for lin in linears]))
+        separate = [lin(x) for lin in linears]
+    assert torch.equal(torch.cat(list(fused), -1), one)  # one matmul over the concatenated weights and biases
+    for a, b in zip(fused, separate):
+        assert a.shape == b.shape and a.dtype == torch.bfloat16 and torch.allclose(a.float(), b.float(), atol=2e-2)
+    # Gradients reach each linear's own weight.
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        sum(y.float().sum() for y in shared_input_linears(x, *linears)).backward()
+    assert all(lin.weight.grad is not None and lin.weight.grad.shape == lin.weight.shape for lin in linears)
+    # fp32: each linear as it is, exactly.
+    assert all(torch.equal(a, lin(x)) for a, lin in zip(shared_input_linears(x, *linears), linears))
+    # A hook (the ladder's dead-unit probe, diagnose) must see each call: the linears run as modules.
+    calls = []
+    handle = linears[1].register_forward_pre_hook(lambda module, args: calls.append(args[0].shape))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hooked = shared_input_linears(x, *linears)
+    handle.remove()
+    assert calls == [x.shape] and all(torch.equal(a, b) for a, b in zip(hooked, separate))
+
+    class Adapter(torch.nn.Linear):  # a subclass (float8, LoRA) keeps its own forward
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    adapted = [Adapter(32, 16), torch.nn.Linear(32, 16)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = shared_input_linears(x, *adapted)
+        assert torch.equal(out[0], adapted[0](x))
