@@ -98,7 +98,13 @@ def build_components(cfg: DictConfig, state: ParallelState, data: Any = None, mo
         )
     model = parallel.apply(model, state, cfg.model, cfg.trainer.precision, compile=per_block)
     attention = choose_attention_precision(
-        model, cfg.trainer.attention_precision, step_autocast(cfg, state), state.device, cfg.trainer.batch_size, getattr(data, "seq_len", None), state.world_size
+        model,
+        cfg.trainer.attention_precision,
+        step_autocast(cfg, state),
+        state.device,
+        cfg.trainer.batch_size,
+        getattr(data, "seq_len", None),
+        state.world_size,
     )
     # The optimizer sees the parallelized model (FSDP's sharded parameters); ZeRO-1 then wraps it.
     optimizer = parallel.wrap_optimizer(build(cfg.optimizer, exclude=["schedule"], model=model), state)

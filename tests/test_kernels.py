@@ -115,7 +115,7 @@ def test_rmsnorm_fused_kernel_and_rotate_half_rope_keep_the_written_out_numbers(
 def test_linears_of_one_input_run_as_one_matmul_under_autocast_unless_each_must_be_called():
     torch.manual_seed(0)
     linears = [torch.nn.Linear(32, width, bias=True) for width in (32, 16, 16)]
-    x = torch.randn(2, 5, 32)
+    x = torch.randn(2, 40, 32)  # 80 tokens, at least the 64 outputs together: one matmul
     with torch.autocast("cpu", dtype=torch.bfloat16):
         fused = shared_input_linears(x, *linears)
         one = F.linear(x, torch.cat([lin.weight for lin in linears]), torch.cat([lin.bias for lin in linears]))
@@ -127,8 +127,12 @@ def test_linears_of_one_input_run_as_one_matmul_under_autocast_unless_each_must_
     with torch.autocast("cpu", dtype=torch.bfloat16):
         sum(y.float().sum() for y in shared_input_linears(x, *linears)).backward()
     assert all(lin.weight.grad is not None and lin.weight.grad.shape == lin.weight.shape for lin in linears)
-    # fp32: each linear as it is, exactly.
+    # fp32: each linear as it is, exactly; and so under autocast where the weights outnumber the tokens (the copy
+    # of the weights that concatenating them costs would outweigh what it saves).
     assert all(torch.equal(a, lin(x)) for a, lin in zip(shared_input_linears(x, *linears), linears))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        few = x[:, :20]  # 40 tokens < 64 outputs
+        assert all(torch.equal(a, lin(few)) for a, lin in zip(shared_input_linears(few, *linears), linears))
     # A hook (the ladder's dead-unit probe, diagnose) must see each call: the linears run as modules.
     calls = []
     handle = linears[1].register_forward_pre_hook(lambda module, args: calls.append(args[0].shape))
