@@ -37,6 +37,12 @@ class AttentionChoice:
     def event(self) -> dict[str, Any]:
         return {"fp32": self.fp32, "reason": self.reason, **self.numbers}
 
+    def apply(self, model: torch.nn.Module) -> AttentionChoice:
+        """Set the model's SDPA attention modules to this choice; returns it."""
+        for module in sdpa_attentions(model):
+            module.attention_fp32 = self.fp32
+        return self
+
 
 def sdpa_attentions(model: torch.nn.Module) -> list[Attention]:
     """The model's attention modules that run torch's SDPA (not a soft-capped or ring attention of their own)."""
@@ -60,8 +66,7 @@ def choose_attention_precision(
         choice = AttentionChoice(False, "auto times the kernels on one process only: pass trainer.attention_precision=fp32 to run it in fp32")
     else:
         shapes = {_shape(module, batch, seq_len) for module in attentions}
-        timed = {shape: (attention_seconds(shape, autocast_dtype), attention_seconds(shape, torch.float32)) for shape in shapes}
-        low, fp32 = (sum(seconds[i] for seconds in timed.values()) for i in (0, 1))
+        low, fp32 = (sum(attention_seconds(shape, dtype) for shape in shapes) for dtype in (autocast_dtype, torch.float32))
         faster = fp32 <= FP32_MARGIN * low
         reason = (
             f"forward + backward of the attention at the run's shapes takes {low * 1e3:.2f} ms in {_name(autocast_dtype)} and {fp32 * 1e3:.2f} ms "
@@ -69,9 +74,7 @@ def choose_attention_precision(
         )
         numbers = {"autocast_ms": round(low * 1e3, 3), "fp32_ms": round(fp32 * 1e3, 3), "shapes": [list(shape) for shape in sorted(shapes)]}
         choice = AttentionChoice(faster, reason, numbers)
-    for module in attentions:
-        module.attention_fp32 = choice.fp32
-    return choice
+    return choice.apply(model)
 
 
 def _name(dtype: torch.dtype) -> str:

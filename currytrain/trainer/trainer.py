@@ -38,7 +38,7 @@ from currytrain.parallel.compile import (
     recorded_compile_seconds,
     use_compile_cache,
 )
-from currytrain.parallel.kernels import AttentionChoice, sdpa_attentions
+from currytrain.parallel.kernels import AttentionChoice
 from currytrain.parallel.memory import optimizer_state_bytes, param_bytes
 from currytrain.parallel.state import ParallelState, resolve_device
 from currytrain.trainer.config import TrainerConfig, compiler_missing
@@ -486,10 +486,8 @@ class Trainer:
         step = self.train_state.step
         earlier = [r for r in read_journal(journal) if r.get("type") == "attention_precision" and r.get("step", 0) <= step]
         if earlier and earlier[-1]["fp32"] != self.attention.fp32:
-            for module in sdpa_attentions(self.model):
-                module.attention_fp32 = earlier[-1]["fp32"]
             reason = f"kept from the checkpoint's run ({earlier[-1]['reason']}); timed now: {self.attention.reason}"
-            self.attention = AttentionChoice(earlier[-1]["fp32"], reason, self.attention.numbers)
+            self.attention = AttentionChoice(earlier[-1]["fp32"], reason, self.attention.numbers).apply(self.model)
 
     def apply_changes(self, changes: dict[str, dict], hyperparameters: list[dict]) -> None:
         """After a full resume, what the config changed since the checkpoint and the loaded state would hide: the
