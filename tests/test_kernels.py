@@ -2,7 +2,8 @@
 backward beats its bf16 one at short sequences); auto times both at the run's shapes, the journal says which it
 took, and a resumed run keeps its checkpoint's choice. The model's own fast paths (torch's fused RMSNorm, the
 rotate-half RoPE) keep the numbers of the written-out forms, and linears of one input run as one matmul under
-autocast unless something must see each of them called."""
+autocast unless something must see each of them called. bf16 logits on the CPU take a chunked cross-entropy with
+torch's loss and gradient."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from currytrain.model.layers import Attention, RMSNorm, apply_rope, build_rope_cache, shared_input_linears
+from currytrain.model.loss import chunked_cross_entropy
+from currytrain.model.protocol import causal_lm_loss
 from currytrain.parallel.kernels import FP32_MARGIN, choose_attention_precision
 from currytrain.trainer.trainer import Trainer
 
@@ -149,3 +152,39 @@ def test_linears_of_one_input_run_as_one_matmul_under_autocast_unless_each_must_
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = shared_input_linears(x, *adapted)
         assert torch.equal(out[0], adapted[0](x))
+
+
+@pytest.mark.parametrize(("tokens", "classes"), [(96, 50), (130, 9000)])  # one chunk; several, the last one short
+def test_bf16_cross_entropy_reads_the_logits_in_chunks_with_torchs_loss_and_gradient(tokens, classes):
+    torch.manual_seed(0)
+    logits = (torch.randn(tokens, classes) * 4).bfloat16()
+    targets = torch.randint(0, classes, (tokens,))
+    targets[::3] = -100
+    for factor in (1.0, 1 / 3):  # 1/3: the loss of one of three accumulated microbatches
+        ours, reference = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+        loss = causal_lm_loss(ours, targets)
+        assert loss.grad_fn is not None and "Chunked" in type(loss.grad_fn).__name__
+        expected = F.cross_entropy(reference.float(), targets)
+        (loss * factor).backward()
+        (expected * factor).backward()
+        assert loss.dtype == torch.float32 and torch.allclose(loss, expected, rtol=1e-6, atol=0)
+        assert ours.grad.dtype == torch.bfloat16
+        # fp32 rounding apart, the same gradient: at most one bf16 step away (softmax - one-hot, ignored rows 0)
+        torch.testing.assert_close(ours.grad.float(), reference.grad.float(), rtol=2**-7, atol=1e-9)
+        assert not ours.grad[::3].any()
+    # No gradient wanted (evaluation): the loss alone.
+    with torch.no_grad():
+        assert torch.allclose(causal_lm_loss(logits, targets), expected, rtol=1e-6, atol=0)
+
+
+def test_chunked_cross_entropy_matches_torch_where_every_target_is_ignored_and_others_keep_torchs_loss():
+    logits = torch.randn(4, 10).bfloat16().requires_grad_()
+    ignored = torch.full((4,), -100)
+    loss = chunked_cross_entropy(logits, ignored)
+    loss.backward()
+    assert loss.isnan() and F.cross_entropy(logits.detach().float(), ignored).isnan()
+    assert not logits.grad.any()  # as torch's: no gradient, not NaN
+    # fp32 and fp16 logits go to F.cross_entropy as they did before.
+    targets = torch.tensor([1, 2, 3, 4])
+    for dtype in (torch.float32, torch.float16):
+        assert causal_lm_loss(torch.randn(4, 10).to(dtype).requires_grad_(), targets).grad_fn.name() == "NllLossBackward0"

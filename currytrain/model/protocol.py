@@ -35,8 +35,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from currytrain.model.loss import cross_entropy
 
 IGNORE_INDEX = -100
 """The target the default loss ignores when the data adapter declares no `ignore_index` (torch's own default)."""
@@ -117,8 +118,9 @@ def hook(model: nn.Module, protocol: type) -> Callable | None:
 def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
     """Mean cross-entropy in nats over the targets that are not `ignore_index`; logits are upcast so bf16
     autocast keeps an fp32 loss. Any leading shape works: a decoder's (batch, seq, vocab) against (batch, seq),
-    a classifier's (batch, classes) against (batch,)."""
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index)
+    a classifier's (batch, classes) against (batch,). bf16 logits on the CPU take a chunked kernel that reads them
+    once (currytrain/model/loss.py)."""
+    return cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index)
 
 
 def data_ignore_index(data: Any) -> int:
