@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from currytrain.model.layers import Attention, RMSNorm, apply_rope, build_rope_cache, shared_input_linears
-from currytrain.model.loss import chunked_cross_entropy
+from currytrain.model.loss import chunked_cross_entropy, chunked_pays
 from currytrain.model.protocol import causal_lm_loss
 from currytrain.parallel.kernels import FP32_MARGIN, choose_attention_precision
 from currytrain.trainer.trainer import Trainer
@@ -154,37 +154,53 @@ def test_linears_of_one_input_run_as_one_matmul_under_autocast_unless_each_must_
         assert torch.equal(out[0], adapted[0](x))
 
 
-@pytest.mark.parametrize(("tokens", "classes"), [(96, 50), (130, 9000)])  # one chunk; several, the last one short
-def test_bf16_cross_entropy_reads_the_logits_in_chunks_with_torchs_loss_and_gradient(tokens, classes):
+@pytest.mark.parametrize(
+    ("tokens", "classes", "dtype"), [(96, 50, torch.bfloat16), (130, 9000, torch.bfloat16), (70, 9000, torch.float32)]
+)  # one chunk; several, the last one short
+def test_chunked_cross_entropy_has_torchs_loss_and_gradient(tokens, classes, dtype):
     torch.manual_seed(0)
-    logits = (torch.randn(tokens, classes) * 4).bfloat16()
+    logits = (torch.randn(tokens, classes) * 4).to(dtype)
     targets = torch.randint(0, classes, (tokens,))
     targets[::3] = -100
     for factor in (1.0, 1 / 3):  # 1/3: the loss of one of three accumulated microbatches
         ours, reference = logits.clone().requires_grad_(), logits.clone().requires_grad_()
-        loss = causal_lm_loss(ours, targets)
-        assert loss.grad_fn is not None and "Chunked" in type(loss.grad_fn).__name__
+        loss = chunked_cross_entropy(ours, targets)
         expected = F.cross_entropy(reference.float(), targets)
         (loss * factor).backward()
         (expected * factor).backward()
         assert loss.dtype == torch.float32 and torch.allclose(loss, expected, rtol=1e-6, atol=0)
-        assert ours.grad.dtype == torch.bfloat16
-        # fp32 rounding apart, the same gradient: at most one bf16 step away (softmax - one-hot, ignored rows 0)
-        torch.testing.assert_close(ours.grad.float(), reference.grad.float(), rtol=2**-7, atol=1e-9)
+        assert ours.grad.dtype == dtype
+        # fp32 rounding apart, the same gradient: at most one step of its dtype away (softmax - one-hot, ignored rows 0)
+        torch.testing.assert_close(ours.grad.float(), reference.grad.float(), rtol=2**-7 if dtype == torch.bfloat16 else 1e-5, atol=1e-9)
         assert not ours.grad[::3].any()
     # No gradient wanted (evaluation): the loss alone.
     with torch.no_grad():
-        assert torch.allclose(causal_lm_loss(logits, targets), expected, rtol=1e-6, atol=0)
+        assert torch.allclose(chunked_cross_entropy(logits, targets), expected, rtol=1e-6, atol=0)
 
 
-def test_chunked_cross_entropy_matches_torch_where_every_target_is_ignored_and_others_keep_torchs_loss():
+def test_the_default_loss_chunks_large_bf16_and_fp32_logits_and_leaves_the_rest_to_torch():
+    targets = torch.randint(0, 9000, (2, 65))
+    chunked = {
+        (torch.bfloat16, 65): True,  # more than one chunk (2 MB as fp32)
+        (torch.bfloat16, 10): False,  # one chunk: F.cross_entropy is as fast
+        (torch.float32, 65): False,  # fp32 pays from 8 chunks
+        (torch.float32, 512): True,
+        (torch.float16, 512): False,  # its stored gradient could underflow
+    }
+    for (dtype, seq), expected in chunked.items():
+        logits = torch.randn(2, seq, 9000).to(dtype).requires_grad_()
+        loss = causal_lm_loss(logits, torch.randint(0, 9000, (2, seq)))
+        assert ("Chunked" in type(loss.grad_fn).__name__) is expected, (dtype, seq)
+    # A compiled loss (inductor fuses F.cross_entropy itself) and a GPU's keep torch's.
+    logits = torch.randn(2, 65, 9000).bfloat16().requires_grad_()
+    assert torch.compile(causal_lm_loss, backend="eager")(logits, targets).grad_fn.name() == "NllLossBackward0"
+    assert not chunked_pays(logits.detach().to("meta"), targets)
+
+
+def test_chunked_cross_entropy_matches_torch_where_every_target_is_ignored():
     logits = torch.randn(4, 10).bfloat16().requires_grad_()
     ignored = torch.full((4,), -100)
     loss = chunked_cross_entropy(logits, ignored)
     loss.backward()
     assert loss.isnan() and F.cross_entropy(logits.detach().float(), ignored).isnan()
     assert not logits.grad.any()  # as torch's: no gradient, not NaN
-    # fp32 and fp16 logits go to F.cross_entropy as they did before.
-    targets = torch.tensor([1, 2, 3, 4])
-    for dtype in (torch.float32, torch.float16):
-        assert causal_lm_loss(torch.randn(4, 10).to(dtype).requires_grad_(), targets).grad_fn.name() == "NllLossBackward0"
