@@ -33,14 +33,17 @@ def build_step_setup(cfg: DictConfig, state: ParallelState | None = None) -> Com
 
 def alternating_step_times(steps: dict[str, Callable[[int], Any]], *, rounds: int, per_round: int = 1, warmup: int = 0) -> dict[str, list[float]]:
     """Seconds of each call of each named step function (called with a step index), taking turns:
-    `per_round` calls of each per round, so load from other processes hits all of them alike.
-    `warmup` untimed rounds come first."""
+    `per_round` calls of each per round, so load from other processes hits all of them alike. Each round
+    starts one contender further on (a, b, c; b, c, a; c, a, b), so none always runs after the same other one
+    (whose memory traffic leaves the caches cold for whoever follows). `warmup` untimed rounds come first."""
     times: dict[str, list[float]] = {name: [] for name in steps}
+    names = list(steps)
     for index in range(warmup + rounds):
-        for name, step in steps.items():
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
             for call in range(per_round):
                 tic = time.perf_counter()
-                step(index * per_round + call)
+                steps[name](index * per_round + call)
                 if index >= warmup:
                     times[name].append(time.perf_counter() - tic)
     return times

@@ -1,10 +1,10 @@
-"""run_accumulated_step: accumulation equals one big batch, clipping, skipping non-finite steps."""
+"""run_accumulated_step: accumulation equals one big batch, clipping, skipping non-finite steps; the benchmarks' turn-taking."""
 
 from __future__ import annotations
 
 import torch
 
-from currytrain.benchmark import run_accumulated_step
+from currytrain.benchmark import alternating_step_times, run_accumulated_step
 from currytrain.model.gqa import GQATransformer
 
 
@@ -65,3 +65,11 @@ def test_non_finite_gradients_skip_the_optimizer_step():
     good = run_accumulated_step(model, optimizer, [batch])
     assert not good.skipped
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_alternating_step_times_rotates_who_goes_first_and_times_every_call_after_the_warm_up():
+    calls = []
+    times = alternating_step_times({name: lambda step, name=name: calls.append((name, step)) for name in "abc"}, rounds=3, warmup=1)
+    assert [name for name, _ in calls] == list("abcbcacababc")
+    assert sorted(calls)[:4] == [("a", 0), ("a", 1), ("a", 2), ("a", 3)]  # each round's step index, whatever the order
+    assert {name: len(seconds) for name, seconds in times.items()} == {"a": 3, "b": 3, "c": 3}
