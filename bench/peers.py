@@ -12,8 +12,8 @@ tokens (each read from the same data when it steps) with AdamW and gradient clip
   with --compile, also: curryTrain+compile (trainer.compile=true) and plain+compile (torch.compile(model),
   the loss eager); their compilation falls in the warm-up rounds (the cache is shared by the repeats)
 Sizes: model/size=tiny (batch 4 x 128), small (8 x 256), medium (~125M parameters, 2 x 256).
-Each round steps every contender once, in turn (so load from other processes hits all alike); the
-first rounds are warm-up. Printed: a markdown table, one row per cell (size, precision, eager or compiled):
+Each round steps every contender once, in turn (so load from other processes hits all alike), each round
+starting one contender further on (so none always runs right after the same one); the first rounds are warm-up. Printed: a markdown table, one row per cell (size, precision, eager or compiled):
 median tokens/s of each contender over the repeats, curryTrain's speed over plain PyTorch's in the same mode
 (eager against plain, compiled against plain+compile) as the median of the repeats' ratios with their
 min-max, transformers' over plain, and MFU against a matmul roofline measured in the same run for the dtype
