@@ -191,6 +191,10 @@ def test_the_default_loss_chunks_large_bf16_and_fp32_logits_and_leaves_the_rest_
         logits = torch.randn(2, seq, 9000).to(dtype).requires_grad_()
         loss = causal_lm_loss(logits, torch.randint(0, 9000, (2, seq)))
         assert ("Chunked" in type(loss.grad_fn).__name__) is expected, (dtype, seq)
+    # Byte targets (a byte-level corpus), as F.cross_entropy takes them.
+    logits, byte_targets = torch.randn(3000, 256).bfloat16(), torch.randint(0, 256, (3000,), dtype=torch.uint8)
+    assert chunked_pays(logits, byte_targets)
+    assert torch.allclose(causal_lm_loss(logits, byte_targets), F.cross_entropy(logits.float(), byte_targets), rtol=1e-6, atol=0)
     # A compiled loss (inductor fuses F.cross_entropy itself) and a GPU's keep torch's.
     logits = torch.randn(2, 65, 9000).bfloat16().requires_grad_()
     assert torch.compile(causal_lm_loss, backend="eager")(logits, targets).grad_fn.name() == "NllLossBackward0"

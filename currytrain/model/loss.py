@@ -56,6 +56,7 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, ignore_index: int) -> torch.Tensor:
         tokens, classes = logits.shape
         rows = max(1, CHUNK_BYTES // (4 * classes))
+        targets = targets.long()  # byte targets too, as F.cross_entropy takes them (compared as integers)
         valid = targets != ignore_index
         count = valid.sum()
         # Each row's share of the mean: F.cross_entropy's gradient is zero, not NaN, when every target is ignored.
@@ -80,5 +81,5 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         (grad,) = ctx.saved_tensors
-        # A 0-d fp32 factor multiplies in fp32 and rounds once (a loss / 3 of gradient accumulation stays exact).
+        # A 0-d fp32 factor multiplies in fp32 and rounds once: a loss / 3 of gradient accumulation adds one rounding.
         return grad * grad_output, None, None
