@@ -118,8 +118,8 @@ def hook(model: nn.Module, protocol: type) -> Callable | None:
 def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
     """Mean cross-entropy in nats over the targets that are not `ignore_index`; logits are upcast so bf16
     autocast keeps an fp32 loss. Any leading shape works: a decoder's (batch, seq, vocab) against (batch, seq),
-    a classifier's (batch, classes) against (batch,). bf16 logits on the CPU take a chunked kernel that reads them
-    once (currytrain/model/loss.py)."""
+    a classifier's (batch, classes) against (batch,). Large bf16 or fp32 logits on the CPU take a chunked kernel
+    with the same loss and gradient (currytrain/model/loss.py)."""
     return cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index)
 
 
