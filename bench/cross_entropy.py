@@ -4,7 +4,8 @@ forward + backward, on random logits of several sizes, in turns.
     python bench/cross_entropy.py                      # fp32 and bf16, the table of docs/performance.md (~2 min)
     python bench/cross_entropy.py --dtypes bfloat16 --pairs 40
 
-Each pair times torch's loss then the chunked one on the same logits; printed per size and dtype: both medians
+Each pair times torch's loss and the chunked one on the same logits (alternating_step_times: the first of a pair
+alternates); printed per size and dtype: both medians
 and the median of the pairs' ratios (torch / chunked: above 1, the chunked loss is faster), and whether the
 default loss (causal_lm_loss) takes the chunked path at that size.
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -22,17 +22,16 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing it
 
+from currytrain.benchmark import alternating_step_times  # noqa: E402
 from currytrain.model.loss import chunked_cross_entropy, chunked_pays  # noqa: E402
 
 SHAPES = [(512, 1024), (2048, 1024), (256, 8192), (512, 8192), (1024, 8192), (2048, 8192), (512, 32768), (2048, 32768), (512, 128256)]
 """(tokens, vocabulary): tiny's 512 x 1k, small's 2k x 8k, medium's 512 x 32k, and Llama 3's vocabulary."""
 
 
-def seconds(loss, logits: torch.Tensor, targets: torch.Tensor) -> float:
-    leaf = logits.detach().requires_grad_()
-    tic = time.perf_counter()
-    loss(leaf, targets).backward()
-    return time.perf_counter() - tic
+def loss_step(loss, logits: torch.Tensor, targets: torch.Tensor):
+    """A step of alternating_step_times: the loss's forward and backward on a fresh leaf of `logits`."""
+    return lambda step: loss(logits.detach().requires_grad_(), targets).backward()
 
 
 def main() -> None:
@@ -49,13 +48,12 @@ def main() -> None:
         for name in args.dtypes:
             logits = (torch.randn(tokens, classes) * 3).to(getattr(torch, name))
             targets = torch.randint(0, classes, (tokens,))
-            torch_times, chunked_times = [], []
-            for pair in range(args.warmup + args.pairs):
-                a = seconds(lambda x, t: F.cross_entropy(x.float(), t), logits, targets)
-                b = seconds(chunked_cross_entropy, logits, targets)
-                if pair >= args.warmup:
-                    torch_times.append(a)
-                    chunked_times.append(b)
+            times = alternating_step_times(
+                {"torch": loss_step(lambda x, t: F.cross_entropy(x.float(), t), logits, targets), "chunked": loss_step(chunked_cross_entropy, logits, targets)},
+                rounds=args.pairs,
+                warmup=args.warmup,
+            )
+            torch_times, chunked_times = times["torch"], times["chunked"]
             ratio = statistics.median(a / b for a, b in zip(torch_times, chunked_times))
             print(
                 f"| {tokens:,} x {classes:,} | {name} | {statistics.median(torch_times) * 1e3:.2f} | {statistics.median(chunked_times) * 1e3:.2f} "

@@ -13,8 +13,8 @@ tokens (each read from the same data when it steps) with AdamW and gradient clip
   the loss eager); their compilation falls in the warm-up rounds (the cache is shared by the repeats)
 Sizes: model/size=tiny (batch 4 x 128), small (8 x 256), medium (~125M parameters, 2 x 256).
 Each round steps every contender once, in turn (so load from other processes hits all alike), each round
-starting one contender further on (so none always runs right after the same one); the first rounds are warm-up. Printed: a markdown table, one row per cell (size, precision, eager or compiled):
-median tokens/s of each contender over the repeats, curryTrain's speed over plain PyTorch's in the same mode
+starting one contender further on (so none always runs right after the same one); the first rounds are warm-up.
+Printed: a markdown table, one row per cell (size, precision, eager or compiled): median tokens/s of each contender over the repeats, curryTrain's speed over plain PyTorch's in the same mode
 (eager against plain, compiled against plain+compile) as the median of the repeats' ratios with their
 min-max, transformers' over plain, and MFU against a matmul roofline measured in the same run for the dtype
 (model FLOPs as in `currytrain bench`).

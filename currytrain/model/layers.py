@@ -329,16 +329,17 @@ def shared_input_linears(x: torch.Tensor, *linears: nn.Module) -> Sequence[torch
     step: 5-9%), while the concatenation copies the weights every step, which costs more than it saves where the
     weights outgrow the tokens (the ~125M model at 512 tokens a step: 2% slower). In fp32, and wherever a linear
     must run as its module (see _runs_as_matmul), each is called as it is."""
+    widths = [linear.out_features for linear in linears]
     if (
         torch.is_autocast_enabled(x.device.type)
-        and x.numel() // x.shape[-1] >= sum(linear.out_features for linear in linears)
+        and x.numel() // x.shape[-1] >= sum(widths)
         and all(map(_runs_as_matmul, linears))
         and len({linear.bias is None for linear in linears}) == 1
         and not _global_module_hooks()
     ):
         weight = torch.cat([linear.weight for linear in linears])
         bias = None if linears[0].bias is None else torch.cat([linear.bias for linear in linears])
-        return F.linear(x, weight, bias).split([linear.out_features for linear in linears], dim=-1)
+        return F.linear(x, weight, bias).split(widths, dim=-1)
     return [linear(x) for linear in linears]
 
 

@@ -11,8 +11,9 @@ are F.cross_entropy's up to fp32 rounding (the gradient to the last bit of its d
 
 It takes bf16 logits larger than a chunk and fp32 ones larger than FP32_CHUNKS chunks, as plain CPU tensors
 outside torch.compile (which fuses F.cross_entropy by itself): at those sizes it measured 1.0-3.2x (bf16) and
-1.3-1.5x (fp32) faster, forward and backward (bench/cross_entropy.py). Every other case (fp16, whose stored gradient could underflow
-before a loss scale multiplies it, a GPU, a DTensor under loss_parallel) calls F.cross_entropy as before.
+1.3-1.5x (fp32) faster, forward and backward (bench/cross_entropy.py). Every other case (fp16, whose stored
+gradient could underflow before a loss scale multiplies it, a GPU, a DTensor under loss_parallel) calls
+F.cross_entropy as before.
 """
 
 from __future__ import annotations
