@@ -10,7 +10,8 @@ tokens (each read from the same data when it steps) with AdamW and gradient clip
   plain        a plain-PyTorch Llama written here, stepped by a hand-written loop (no framework)
   transformers LlamaForCausalLM with the equivalent LlamaConfig, stepped by the same hand-written loop
   with --compile, also: curryTrain+compile (trainer.compile=true) and plain+compile (torch.compile(model),
-  the loss eager); their compilation falls in the warm-up rounds (the cache is shared by the repeats)
+  the loss eager); their compilation falls in the warm-up rounds (the cache is shared by the repeats; dynamo
+  is reset between cells, so that each compiles for its own shapes as a run does, not with dynamic shapes)
 Sizes: model/size=tiny (batch 4 x 128), small (8 x 256), medium (~125M parameters, 2 x 256).
 Each round steps every contender once, in turn (so load from other processes hits all alike), each round
 starting one contender further on (so none always runs right after the same one); the first rounds are warm-up.
@@ -161,6 +162,11 @@ def measure(size: str, precision: str, steps: int, warmup: int, workdir: Path, c
     return {name: (tokens / statistics.median(values), flops / statistics.median(values) / roofline) for name, values in times.items()}
 
 
+ROUNDS = {"tiny": lambda steps: 3 * steps, "small": lambda steps: steps, "medium": lambda steps: max(3, steps // 3)}
+"""Timed rounds per repeat from --steps: tiny's ~20 ms steps get three times as many (their medians are the
+noisiest), medium's ~1 s ones a third."""
+
+
 BASELINE = {"curryTrain": "plain", "transformers": "plain", "curryTrain+compile": "plain+compile"}
 """Each contender's speed is compared with plain PyTorch's in the same mode."""
 
@@ -173,7 +179,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=sorted(BATCH))
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
-    parser.add_argument("--steps", type=int, default=10, help="timed rounds per repeat (medium: a third of them)")
+    parser.add_argument("--steps", type=int, default=10, help="timed rounds per repeat (tiny: three times as many, medium: a third)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="add the compiled contenders (minutes of compilation on 2 cores)")
@@ -183,8 +189,11 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as workdir:
         for size in args.sizes:
-            steps = max(3, args.steps // 3) if size == "medium" else args.steps
+            steps = ROUNDS[size](args.steps)
             for precision in args.precisions:
+                # Each cell's compiled contenders get graphs for its shapes alone, as a run does: dynamo, seeing
+                # the same functions at a second shape, would compile every later cell with dynamic shapes.
+                torch._dynamo.reset()
                 runs = [
                     measure(size, precision, steps, args.warmup, Path(workdir) / str(r), Path(workdir) / "cache", args.compile) for r in range(args.repeats)
                 ]

@@ -1,10 +1,12 @@
-"""run_accumulated_step: accumulation equals one big batch, clipping, skipping non-finite steps; the benchmarks' turn-taking."""
+"""run_accumulated_step: accumulation equals one big batch, clipping (by torch or inside the fused optimizer), skipping non-finite steps; the benchmarks' turn-taking."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from currytrain.benchmark import alternating_step_times, run_accumulated_step
+from currytrain.model.protocol import causal_lm_loss
 from currytrain.model.gqa import GQATransformer
 
 
@@ -53,10 +55,34 @@ def test_clipping_bounds_the_gradient_norm_and_reports_the_norm_before():
     assert abs(clipped.item() - 1e-3) < 1e-6
 
 
-def test_non_finite_gradients_skip_the_optimizer_step():
+@pytest.mark.parametrize("grad_clip", [1e-3, 1e3, 0.0])
+def test_the_fused_optimizer_clips_in_its_kernel_as_clip_grad_norm_then_a_step_would(grad_clip):
+    """Fused AdamW gets the clipping as its grad_scale divisor: the same parameters and moments as torch's
+    clip_grad_norm_ followed by the step (clipping engaged, not engaged, off), and nothing left on the optimizer."""
+    batch = (torch.randint(64, (4, 16), generator=torch.Generator().manual_seed(3)), torch.randint(64, (4, 16), generator=torch.Generator().manual_seed(4)))
+    ours, reference = _model(), _model()
+    ours_opt = torch.optim.AdamW(ours.parameters(), lr=1e-2, fused=True)
+    reference_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, fused=True)
+    for _ in range(2):
+        result = run_accumulated_step(ours, ours_opt, [batch], grad_clip=grad_clip)
+        inputs, targets = batch
+        causal_lm_loss(reference(inputs), targets).backward()
+        norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), grad_clip if grad_clip > 0 else float("inf"))
+        reference_opt.step()
+        reference_opt.zero_grad(set_to_none=True)
+        assert abs(result.grad_norm - norm.item()) <= 1e-6 * norm.item()
+    assert norm.item() > 1e-3 and (grad_clip != 1e3 or norm.item() < 1e3)  # the cases are what they say
+    for a, b in zip(ours.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(ours_opt.state[a]["exp_avg"], reference_opt.state[b]["exp_avg"], rtol=1e-5, atol=1e-8)
+    assert not hasattr(ours_opt, "grad_scale") and not hasattr(ours_opt, "found_inf")
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_non_finite_gradients_skip_the_optimizer_step(fused):
     model = _model()
     before = [p.detach().clone() for p in model.parameters()]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=fused)
     batch = (torch.randint(64, (4, 16)), torch.randint(64, (4, 16)))
     result = run_accumulated_step(model, optimizer, [batch], loss_fn=lambda logits, targets: logits.sum() * float("nan"))
     assert result.skipped

@@ -44,10 +44,7 @@ def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float, across: dist
     across: the ranks that hold the other parts of the model as plain tensors (the pipeline stages): the norm is over
     all of their gradients, and every rank clips by that same norm."""
     if across is not None:
-        grads = [param.grad for param in parameters if param.grad is not None]
-        squared = torch.nn.utils.get_total_norm(grads) ** 2
-        dist.all_reduce(squared, group=across)
-        total = squared.sqrt()
+        total = grad_norm(parameters, across)
         torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
         return total
     kinds: dict[object, list[torch.Tensor]] = {}
@@ -64,6 +61,21 @@ def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float, across: dist
             for param in group:
                 param.grad.mul_(scale)
     return total
+
+
+def grad_norm(parameters: list[torch.Tensor], across: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """The L2 norm of plain tensors' gradients (those that have one), over `across`'s ranks too."""
+    total = torch.nn.utils.get_total_norm([param.grad for param in parameters if param.grad is not None])
+    if across is not None:
+        squared = total**2
+        dist.all_reduce(squared, group=across)
+        total = squared.sqrt()
+    return total
+
+
+def clip_divisor(norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """What the gradients are divided by to clip them to `max_norm`: 1/clip_grad_norm_'s factor (>= 1)."""
+    return torch.clamp((norm + 1e-6) / max_norm, min=1.0)
 
 
 @dataclass
@@ -169,16 +181,28 @@ def accumulated_step(
 
     if scaler is not None:
         scaler.unscale_(optimizer)
-    # An infinite bound measures the norm without changing the gradients.
-    grad_norm = clip_grad_norm(parameters, grad_clip if grad_clip > 0 else float("inf"), pipeline.group if pipeline is not None else None)
-    found_inf = (~torch.isfinite(grad_norm)).float()
-    if scaler is None and skips_on_device(optimizer):
+    across = pipeline.group if pipeline is not None else None
+    fused = scaler is None and skips_on_device(optimizer)
+    plain = not any(isinstance(param, DTensor) for param in parameters)
+    if plain and (fused or grad_clip <= 0):
+        # The fused kernel divides each gradient by grad_scale as it reads it (GradScaler's unscaling), so the
+        # clipping rides along instead of taking a pass of its own over the gradients (torch's clip_grad_norm_
+        # multiplies every one, by 1 where it does not clip).
+        norm = grad_norm(parameters, across)
+        divisor = clip_divisor(norm, grad_clip) if grad_clip > 0 else None
+    else:  # DTensors (clip_grad_norm combines their meshes), or an optimizer that cannot divide
+        norm, divisor = clip_grad_norm(parameters, grad_clip if grad_clip > 0 else float("inf"), across), None
+    found_inf = (~torch.isfinite(norm)).float()
+    if fused:  # the kernel also skips the step where found_inf is set: nothing waits for the device
         optimizer.found_inf = found_inf
+        if divisor is not None:
+            optimizer.grad_scale = divisor
         try:
             optimizer.step()
         finally:
             del optimizer.found_inf
-    elif not math.isfinite(grad_norm.item()):  # the one read-back of this path: whether to step at all
+            optimizer.__dict__.pop("grad_scale", None)
+    elif not math.isfinite(norm.item()):  # the one read-back of this path: whether to step at all
         pass
     elif scaler is not None:
         scaler.step(optimizer)
@@ -188,4 +212,4 @@ def accumulated_step(
         scaler.update()  # a skipped (overflowing) step lowers the scale
     held = grad_bytes(model) if measure_grads else None  # gradients are freed just below
     optimizer.zero_grad(set_to_none=True)
-    return DeviceStep(loss=total_loss, grad_norm=grad_norm.detach(), skipped=found_inf, num_tokens=num_tokens, grad_bytes=held)
+    return DeviceStep(loss=total_loss, grad_norm=norm.detach(), skipped=found_inf, num_tokens=num_tokens, grad_bytes=held)
