@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from currytrain.benchmark import alternating_step_times, run_accumulated_step
-from currytrain.model.protocol import causal_lm_loss
 from currytrain.model.gqa import GQATransformer
+from currytrain.model.protocol import causal_lm_loss
 
 
 def _model() -> GQATransformer:
