@@ -15,10 +15,12 @@ tokens (each read from the same data when it steps) with AdamW and gradient clip
 Sizes: model/size=tiny (batch 4 x 128), small (8 x 256), medium (~125M parameters, 2 x 256).
 Each round steps every contender once, in turn (so load from other processes hits all alike), each round
 starting one contender further on (so none always runs right after the same one); the first rounds are warm-up.
-Printed: a markdown table, one row per cell (size, precision, eager or compiled): median tokens/s of each contender over the repeats, curryTrain's speed over plain PyTorch's in the same mode
-(eager against plain, compiled against plain+compile) as the median of the repeats' ratios with their
-min-max, transformers' over plain, and MFU against a matmul roofline measured in the same run for the dtype
-(model FLOPs as in `currytrain bench`).
+Printed: a markdown table, one row per cell (size, precision, eager or compiled): each contender's tokens/s
+(the median over the repeats of its median step), curryTrain's speed over plain PyTorch's in the same mode (eager
+against plain, compiled against plain+compile) as the median of the repeats' ratios with their min-max, each
+repeat's ratio the median of its rounds' ratios (the two steps of a round run back to back), transformers' over
+plain likewise, and MFU against a matmul roofline measured in the same run for the dtype (model FLOPs as in
+`currytrain bench`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import copy
 import statistics
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -129,8 +132,8 @@ def build_trainer(size: str, precision: str, steps: int, run_dir: Path, *extra: 
     return Trainer(cfg, run_dir), cfg
 
 
-def measure(size: str, precision: str, steps: int, warmup: int, workdir: Path, cache: Path, compile: bool = False) -> dict[str, tuple[float, float]]:
-    """{contender: (tokens/s, MFU)}, the medians of `steps` alternating rounds after `warmup` ones."""
+def measure(size: str, precision: str, steps: int, warmup: int, workdir: Path, cache: Path, compile: bool = False) -> Measured:
+    """Each contender's step seconds over `steps` alternating rounds after `warmup` ones, with the step's tokens and FLOPs."""
     trainer, cfg = build_trainer(size, precision, steps + warmup, workdir / f"{size}-{precision}")
     m, dtype = cfg.model, trainer.autocast_dtype
     torch.manual_seed(0)
@@ -159,12 +162,33 @@ def measure(size: str, precision: str, steps: int, warmup: int, workdir: Path, c
     trainer.loggers.close()
     if compile:
         compiled.loggers.close()
-    return {name: (tokens / statistics.median(values), flops / statistics.median(values) / roofline) for name, values in times.items()}
+    return Measured(times, tokens, flops / roofline)
 
 
-ROUNDS = {"tiny": lambda steps: 3 * steps, "small": lambda steps: steps, "medium": lambda steps: max(3, steps // 3)}
-"""Timed rounds per repeat from --steps: tiny's ~20 ms steps get three times as many (their medians are the
-noisiest), medium's ~1 s ones a third."""
+@dataclass
+class Measured:
+    times: dict[str, list[float]]
+    """Each contender's step seconds, one per round (index i: the same round for every contender)."""
+    tokens: int
+    roofline_seconds: float
+    """The step's model FLOPs over the dtype's matmul roofline: MFU is this over a step's seconds."""
+
+    def rate(self, name: str) -> float:
+        return self.tokens / statistics.median(self.times[name])
+
+    def mfu(self, name: str) -> float:
+        return self.roofline_seconds / statistics.median(self.times[name])
+
+    def speedup(self, name: str, over: str) -> float:
+        """`name`'s speed over `over`'s: the median over the rounds of each round's ratio (the two steps of a
+        round are seconds apart, so the load that slows one slows the other: a drift in the machine's load,
+        which moves the two medians apart when it falls between their middle steps, cancels)."""
+        return statistics.median(theirs / ours for ours, theirs in zip(self.times[name], self.times[over]))
+
+
+ROUNDS = {"tiny": 3.0, "small": 1.0, "medium": 1 / 3}
+"""Timed rounds per repeat, times --steps (at least 3): tiny's ~20 ms steps get three times as many (their
+medians are the noisiest), medium's ~2 s ones a third."""
 
 
 BASELINE = {"curryTrain": "plain", "transformers": "plain", "curryTrain+compile": "plain+compile"}
@@ -189,7 +213,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as workdir:
         for size in args.sizes:
-            steps = ROUNDS[size](args.steps)
+            steps = max(3, round(ROUNDS[size] * args.steps))
             for precision in args.precisions:
                 # Each cell's compiled contenders get graphs for its shapes alone, as a run does: dynamo, seeing
                 # the same functions at a second shape, would compile every later cell with dynamic shapes.
@@ -197,9 +221,9 @@ def main() -> None:
                 runs = [
                     measure(size, precision, steps, args.warmup, Path(workdir) / str(r), Path(workdir) / "cache", args.compile) for r in range(args.repeats)
                 ]
-                rate = {name: statistics.median(run[name][0] for run in runs) for name in runs[0]}
-                mfu = {name: statistics.median(run[name][1] for run in runs) for name in runs[0]}
-                ratios = {name: [run[name][0] / run[base][0] for run in runs] for name, base in BASELINE.items() if name in runs[0]}
+                rate = {name: statistics.median(run.rate(name) for run in runs) for name in runs[0].times}
+                mfu = {name: statistics.median(run.mfu(name) for run in runs) for name in runs[0].times}
+                ratios = {name: [run.speedup(name, base) for run in runs] for name, base in BASELINE.items() if name in runs[0].times}
                 for ours in ("curryTrain", "curryTrain+compile"):
                     if ours not in rate:
                         continue
