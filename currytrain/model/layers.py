@@ -180,9 +180,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     seq_len = x.shape[-2]
     cos, sin = cos[:seq_len], sin[:seq_len]
     x32 = x.float()
-    first, second = x32.chunk(2, dim=-1)
-    # (first * cos - second * sin, second * cos + first * sin), the same numbers in fewer kernels (a quarter faster).
-    rotated = x32 * torch.cat((cos, cos), dim=-1) + torch.cat((-second, first), dim=-1) * torch.cat((sin, sin), dim=-1)
+    # (first * cos - second * sin, second * cos + first * sin), the same numbers in three kernels over x, with the
+    # halves swapped by one roll and the sign in the (small) sine table: 1.2-1.3x faster forward + backward than
+    # negating and concatenating the halves (docs/performance.md).
+    swapped = x32.roll(x.shape[-1] // 2, dims=-1)
+    rotated = x32 * torch.cat((cos, cos), dim=-1) + swapped * torch.cat((-sin, sin), dim=-1)
     return rotated.type_as(x)
 
 
