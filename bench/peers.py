@@ -13,14 +13,15 @@ tokens (each read from the same data when it steps) with AdamW and gradient clip
   the loss eager); their compilation falls in the warm-up rounds (the cache is shared by the repeats; dynamo
   is reset between cells, so that each compiles for its own shapes as a run does, not with dynamic shapes)
 Sizes: model/size=tiny (batch 4 x 128), small (8 x 256), medium (~125M parameters, 2 x 256).
-Each round steps every contender once, in turn (so load from other processes hits all alike), each round
-starting one contender further on (so none always runs right after the same one); the first rounds are warm-up.
+Each round steps every contender once, in turn (so load from other processes hits all alike), the rounds'
+orders a balanced Latin square (each contender runs right after each other one equally often: the one after a
+compiled contender ran measurably slower, and a fixed cycle always put curryTrain there); the first rounds are
+warm-up, and each repeat starts where the last one's rows ended.
 Printed: a markdown table, one row per cell (size, precision, eager or compiled): each contender's tokens/s
 (the median over the repeats of its median step), curryTrain's speed over plain PyTorch's in the same mode (eager
-against plain, compiled against plain+compile) as the median of the repeats' ratios with their min-max, each
-repeat's ratio the median of its rounds' ratios (the two steps of a round run back to back), transformers' over
-plain likewise, and MFU against a matmul roofline measured in the same run for the dtype (model FLOPs as in
-`currytrain bench`).
+against plain, compiled against plain+compile) as the median of the repeats' ratios (each the ratio of the two
+median steps) with their min-max, transformers' over plain likewise, and MFU against a matmul roofline measured
+in the same run for the dtype (model FLOPs as in `currytrain bench`).
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def build_trainer(size: str, precision: str, steps: int, run_dir: Path, *extra: 
     return Trainer(cfg, run_dir), cfg
 
 
-def measure(size: str, precision: str, steps: int, warmup: int, workdir: Path, cache: Path, compile: bool = False) -> Measured:
+def measure(size: str, precision: str, steps: int, warmup: int, workdir: Path, cache: Path, compile: bool = False, offset: int = 0) -> Measured:
     """Each contender's step seconds over `steps` alternating rounds after `warmup` ones, with the step's tokens and FLOPs."""
     trainer, cfg = build_trainer(size, precision, steps + warmup, workdir / f"{size}-{precision}")
     m, dtype = cfg.model, trainer.autocast_dtype
@@ -155,7 +156,7 @@ def measure(size: str, precision: str, steps: int, warmup: int, workdir: Path, c
         optimizers["plain+compile"] = torch.optim.AdamW(plain_compiled.parameters(), lr=1e-3, fused=True)
         contenders["curryTrain+compile"] = lambda step: compiled.train_step()
         contenders["plain+compile"] = lambda step: hand_step(plain_compiled, optimizers["plain+compile"], batches(step), dtype, lambda model, x: model(x))
-    times = alternating_step_times(contenders, rounds=steps, warmup=warmup)
+    times = alternating_step_times(contenders, rounds=steps, warmup=warmup, offset=offset)
     tokens = BATCH[size] * cfg.data.seq_len
     roofline = matmul_roofline(1024, dtype or torch.float32, torch.device("cpu"))
     flops = model_flops_per_token(trainer.model, m.n_layers, m.dim, cfg.data.seq_len) * tokens
@@ -180,10 +181,11 @@ class Measured:
         return self.roofline_seconds / statistics.median(self.times[name])
 
     def speedup(self, name: str, over: str) -> float:
-        """`name`'s speed over `over`'s: the median over the rounds of each round's ratio (the two steps of a
-        round are seconds apart, so the load that slows one slows the other: a drift in the machine's load,
-        which moves the two medians apart when it falls between their middle steps, cancels)."""
-        return statistics.median(theirs / ours for ours, theirs in zip(self.times[name], self.times[over]))
+        """`name`'s speed over `over`'s: the ratio of their median steps. Not the median of each round's ratio:
+        a contender that ends one round and starts the next runs its second step on warm caches, and the
+        rounds' ratios then split in two clusters whose median is anywhere between them (two contenders whose
+        medians differed by 2% gave 1.096x that way)."""
+        return statistics.median(self.times[over]) / statistics.median(self.times[name])
 
 
 ROUNDS = {"tiny": 3.0, "small": 1.0, "medium": 1 / 3}
@@ -219,7 +221,8 @@ def main() -> None:
                 # the same functions at a second shape, would compile every later cell with dynamic shapes.
                 torch._dynamo.reset()
                 runs = [
-                    measure(size, precision, steps, args.warmup, Path(workdir) / str(r), Path(workdir) / "cache", args.compile) for r in range(args.repeats)
+                    measure(size, precision, steps, args.warmup, Path(workdir) / str(r), Path(workdir) / "cache", args.compile, r * (steps + args.warmup))
+                    for r in range(args.repeats)
                 ]
                 rate = {name: statistics.median(run.rate(name) for run in runs) for name in runs[0].times}
                 mfu = {name: statistics.median(run.mfu(name) for run in runs) for name in runs[0].times}

@@ -22,6 +22,7 @@ __all__ = [
     "build_step_setup",
     "Components",
     "alternating_step_times",
+    "balanced_orders",
 ]
 
 
@@ -31,22 +32,41 @@ def build_step_setup(cfg: DictConfig, state: ParallelState | None = None) -> Com
     return build_components(cfg, state or ParallelState(device=resolve_device(cfg.trainer.device)))
 
 
-def alternating_step_times(steps: dict[str, Callable[[int], Any]], *, rounds: int, per_round: int = 1, warmup: int = 0) -> dict[str, list[float]]:
+def alternating_step_times(
+    steps: dict[str, Callable[[int], Any]], *, rounds: int, per_round: int = 1, warmup: int = 0, offset: int = 0
+) -> dict[str, list[float]]:
     """Seconds of each call of each named step function (called with a step index), taking turns:
-    `per_round` calls of each per round, so load from other processes hits all of them alike. Each round
-    starts one contender further on (a, b, c; b, c, a; c, a, b), so none always runs after the same other one
-    (whose memory traffic leaves the caches cold for whoever follows). `warmup` untimed rounds come first."""
+    `per_round` calls of each per round, so load from other processes hits all of them alike. The rounds' orders
+    follow a balanced Latin square (balanced_orders): over len(orders) rounds every contender runs first equally
+    often and right after each other one equally often, so none always inherits the same predecessor's state
+    (its memory traffic in the caches, a compiled kernel's OpenMP threads still spinning). `warmup` untimed rounds
+    come first; `offset` starts at a later row of the square (a later repeat can take the rows an earlier one did not)."""
     times: dict[str, list[float]] = {name: [] for name in steps}
     names = list(steps)
+    orders = balanced_orders(len(names))
     for index in range(warmup + rounds):
-        shift = index % len(names)
-        for name in names[shift:] + names[:shift]:
+        for position in orders[(offset + index) % len(orders)]:
+            name = names[position]
             for call in range(per_round):
                 tic = time.perf_counter()
                 steps[name](index * per_round + call)
                 if index >= warmup:
                     times[name].append(time.perf_counter() - tic)
     return times
+
+
+def balanced_orders(n: int) -> list[list[int]]:
+    """Orders of 0..n-1 in which each one comes first equally often and each ordered pair (a right before b)
+    equally often: Williams' balanced Latin square (n rows; for odd n, also each row reversed, 2n rows)."""
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    rows = [[(position + shift) % n for position in first] for shift in range(n)]
+    return rows + [row[::-1] for row in rows] if n % 2 else rows
 
 
 def matmul_roofline(size: int, dtype: torch.dtype, device: torch.device, repeats: int = 10) -> float:

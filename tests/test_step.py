@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
-from currytrain.benchmark import alternating_step_times, run_accumulated_step
+from currytrain.benchmark import alternating_step_times, balanced_orders, run_accumulated_step
 from currytrain.model.gqa import GQATransformer
 from currytrain.model.protocol import causal_lm_loss
+from currytrain.trainer.step import optimizer_step
 
 
 def _model() -> GQATransformer:
@@ -78,6 +81,20 @@ def test_the_fused_optimizer_clips_in_its_kernel_as_clip_grad_norm_then_a_step_w
     assert not hasattr(ours_opt, "grad_scale") and not hasattr(ours_opt, "found_inf")
 
 
+def test_optimizer_step_hands_the_fused_kernel_found_inf_for_one_call():
+    """The accelerator's path: a set found_inf makes fused AdamW leave parameters, moments and the step count."""
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    for found_inf, changes in ((torch.ones(()), False), (torch.zeros(()), True)):
+        before = [p.detach().clone() for p in model.parameters()]
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        optimizer_step(optimizer, found_inf, torch.tensor(2.0))
+        assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters())) == changes
+        assert not hasattr(optimizer, "found_inf") and not hasattr(optimizer, "grad_scale")
+    assert all(state["step"].item() == 1 for state in optimizer.state.values())
+
+
 @pytest.mark.parametrize("fused", [False, True])
 def test_non_finite_gradients_skip_the_optimizer_step(fused):
     model = _model()
@@ -93,9 +110,22 @@ def test_non_finite_gradients_skip_the_optimizer_step(fused):
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
-def test_alternating_step_times_rotates_who_goes_first_and_times_every_call_after_the_warm_up():
+def test_alternating_step_times_takes_balanced_turns_and_times_every_call_after_the_warm_up():
     calls = []
     times = alternating_step_times({name: lambda step, name=name: calls.append((name, step)) for name in "abc"}, rounds=3, warmup=1)
-    assert [name for name, _ in calls] == list("abcbcacababc")
+    assert [name for name, _ in calls] == list("abcbcacabcba")
     assert sorted(calls)[:4] == [("a", 0), ("a", 1), ("a", 2), ("a", 3)]  # each round's step index, whatever the order
     assert {name: len(seconds) for name, seconds in times.items()} == {"a": 3, "b": 3, "c": 3}
+    calls.clear()
+    alternating_step_times({name: lambda step, name=name: calls.append(name) for name in "ab"}, rounds=2, offset=1)
+    assert calls == list("baab")
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6])
+def test_balanced_orders_put_each_first_and_after_each_other_equally_often(n):
+    orders = balanced_orders(n)
+    assert all(sorted(order) == list(range(n)) for order in orders)
+    firsts = Counter(order[0] for order in orders)
+    assert set(firsts) == set(range(n)) and len(set(firsts.values())) == 1
+    pairs = Counter((a, b) for order in orders for a, b in zip(order, order[1:]))
+    assert len(pairs) == n * (n - 1) and len(set(pairs.values())) <= 1  # every ordered pair, each as often

@@ -63,6 +63,17 @@ def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float, across: dist
     return total
 
 
+def optimizer_step(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor | None, grad_scale: torch.Tensor | None) -> None:
+    """optimizer.step(), with the fused kernels' found_inf and grad_scale (where given) set for this call only."""
+    extra = {name: value for name, value in (("found_inf", found_inf), ("grad_scale", grad_scale)) if value is not None}
+    vars(optimizer).update(extra)
+    try:
+        optimizer.step()
+    finally:
+        for name in extra:
+            delattr(optimizer, name)
+
+
 def grad_norm(parameters: list[torch.Tensor], across: dist.ProcessGroup | None = None) -> torch.Tensor:
     """The L2 norm of plain tensors' gradients (those that have one), over `across`'s ranks too."""
     total = torch.nn.utils.get_total_norm([param.grad for param in parameters if param.grad is not None])
@@ -149,8 +160,10 @@ def accumulated_step(
     `pipeline` (pipeline parallelism): its schedule runs the microbatches through this rank's stages instead of the
     loop here (loss on the last stage, broadcast to every stage); the gradient norm is over every stage's parameters.
 
-    With an optimizer that skips on the device (skips_on_device: fused AdamW, the default) nothing here waits
-    for the device; otherwise the finiteness check reads the gradient norm back once.
+    With an optimizer that skips on the device (skips_on_device: fused AdamW, the default) on an accelerator,
+    nothing here waits for the device; otherwise (and on the CPU, where it costs nothing) the finiteness check
+    reads the gradient norm back once. Such an optimizer also clips: its kernel divides the gradients by
+    clip_divisor as it reads them.
 
     `parameters`: list(model.parameters()), which a caller stepping the same model many times keeps (listing them
     is ~1% of a tiny model's step on the CPU).
@@ -193,21 +206,16 @@ def accumulated_step(
     else:  # DTensors (clip_grad_norm combines their meshes), or an optimizer that cannot divide
         norm, divisor = clip_grad_norm(parameters, grad_clip if grad_clip > 0 else float("inf"), across), None
     found_inf = (~torch.isfinite(norm)).float()
-    if fused:  # the kernel also skips the step where found_inf is set: nothing waits for the device
-        optimizer.found_inf = found_inf
-        if divisor is not None:
-            optimizer.grad_scale = divisor
-        try:
-            optimizer.step()
-        finally:
-            del optimizer.found_inf
-            optimizer.__dict__.pop("grad_scale", None)
-    elif not math.isfinite(norm.item()):  # the one read-back of this path: whether to step at all
+    # On an accelerator the fused kernel skips the step itself where found_inf is set, so nothing waits for the
+    # device; on the CPU reading the norm back waits for nothing, and spares the kernel's per-parameter undoing
+    # of the step count.
+    on_device = fused and device.type != "cpu"
+    if not on_device and not math.isfinite(norm.item()):  # the step is skipped
         pass
     elif scaler is not None:
         scaler.step(optimizer)
     else:
-        optimizer.step()
+        optimizer_step(optimizer, found_inf if on_device else None, divisor)
     if scaler is not None:
         scaler.update()  # a skipped (overflowing) step lowers the scale
     held = grad_bytes(model) if measure_grads else None  # gradients are freed just below
