@@ -63,9 +63,9 @@ def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float, across: dist
     return total
 
 
-def optimizer_step(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor | None, grad_scale: torch.Tensor | None) -> None:
-    """optimizer.step(), with the fused kernels' found_inf and grad_scale (where given) set for this call only."""
-    extra = {name: value for name, value in (("found_inf", found_inf), ("grad_scale", grad_scale)) if value is not None}
+def optimizer_step(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor, grad_scale: torch.Tensor | None) -> None:
+    """optimizer.step() of a fused kernel, with its found_inf and grad_scale (where given) set for this call only."""
+    extra = {"found_inf": found_inf} if grad_scale is None else {"found_inf": found_inf, "grad_scale": grad_scale}
     vars(optimizer).update(extra)
     try:
         optimizer.step()
@@ -160,10 +160,9 @@ def accumulated_step(
     `pipeline` (pipeline parallelism): its schedule runs the microbatches through this rank's stages instead of the
     loop here (loss on the last stage, broadcast to every stage); the gradient norm is over every stage's parameters.
 
-    With an optimizer that skips on the device (skips_on_device: fused AdamW, the default) on an accelerator,
-    nothing here waits for the device; otherwise (and on the CPU, where it costs nothing) the finiteness check
-    reads the gradient norm back once. Such an optimizer also clips: its kernel divides the gradients by
-    clip_divisor as it reads them.
+    With an optimizer that skips on the device (skips_on_device: fused AdamW, the default) nothing here waits
+    for the device; otherwise the finiteness check reads the gradient norm back once. Such an optimizer also
+    clips: its kernel divides the gradients by clip_divisor as it reads them.
 
     `parameters`: list(model.parameters()), which a caller stepping the same model many times keeps (listing them
     is ~1% of a tiny model's step on the CPU).
@@ -206,16 +205,14 @@ def accumulated_step(
     else:  # DTensors (clip_grad_norm combines their meshes), or an optimizer that cannot divide
         norm, divisor = clip_grad_norm(parameters, grad_clip if grad_clip > 0 else float("inf"), across), None
     found_inf = (~torch.isfinite(norm)).float()
-    # On an accelerator the fused kernel skips the step itself where found_inf is set, so nothing waits for the
-    # device; on the CPU reading the norm back waits for nothing, and spares the kernel's per-parameter undoing
-    # of the step count.
-    on_device = fused and device.type != "cpu"
-    if not on_device and not math.isfinite(norm.item()):  # the step is skipped
+    if fused:  # the kernel also skips the step where found_inf is set: nothing waits for the device
+        optimizer_step(optimizer, found_inf, divisor)
+    elif not math.isfinite(norm.item()):  # the one read-back of this path: whether to step at all
         pass
     elif scaler is not None:
         scaler.step(optimizer)
     else:
-        optimizer_step(optimizer, found_inf if on_device else None, divisor)
+        optimizer.step()
     if scaler is not None:
         scaler.update()  # a skipped (overflowing) step lowers the scale
     held = grad_bytes(model) if measure_grads else None  # gradients are freed just below
