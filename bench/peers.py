@@ -1,6 +1,6 @@
 """curryTrain's full training step against the implementations a user would pick instead, same config.
 
-    python bench/peers.py --compile --sizes tiny small medium   # the table of docs/performance.md (~30 min on 2 cores)
+    python bench/peers.py --compile --sizes tiny small medium   # the table of docs/performance.md (~25 min on 2 cores)
     python bench/peers.py                                       # tiny and small, fp32 and bf16, eager, 3 repeats
     python bench/peers.py --sizes tiny --precisions fp32 --steps 10
 
@@ -188,9 +188,10 @@ class Measured:
         return statistics.median(self.times[over]) / statistics.median(self.times[name])
 
 
-ROUNDS = {"tiny": 3.0, "small": 1.0, "medium": 1 / 3}
+ROUNDS = {"tiny": 3.0, "small": 1.0, "medium": 0.5}
 """Timed rounds per repeat, times --steps (at least 3): tiny's ~20 ms steps get three times as many (their
-medians are the noisiest), medium's ~2 s ones a third."""
+medians are the noisiest), medium's ~2 s ones half (with a third, 3 rounds, one disturbed step moved a repeat's
+median: medium fp32 compiled 0.977x (0.961-1.095) in one table, 1.069x (1.040-1.119) with 5 rounds)."""
 
 
 BASELINE = {"curryTrain": "plain", "transformers": "plain", "curryTrain+compile": "plain+compile"}
@@ -205,7 +206,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=sorted(BATCH))
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
-    parser.add_argument("--steps", type=int, default=10, help="timed rounds per repeat (tiny: three times as many, medium: a third)")
+    parser.add_argument("--steps", type=int, default=10, help="timed rounds per repeat (tiny: three times as many, medium: half)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="add the compiled contenders (minutes of compilation on 2 cores)")
