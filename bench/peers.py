@@ -133,6 +133,28 @@ def build_trainer(size: str, precision: str, steps: int, run_dir: Path, *extra: 
     return Trainer(cfg, run_dir), cfg
 
 
+@dataclass
+class Measured:
+    times: dict[str, list[float]]
+    """Each contender's step seconds, one per round (index i: the same round for every contender)."""
+    tokens: int
+    roofline_seconds: float
+    """The step's model FLOPs over the dtype's matmul roofline: MFU is this over a step's seconds."""
+
+    def rate(self, name: str) -> float:
+        return self.tokens / statistics.median(self.times[name])
+
+    def mfu(self, name: str) -> float:
+        return self.roofline_seconds / statistics.median(self.times[name])
+
+    def speedup(self, name: str, over: str) -> float:
+        """`name`'s speed over `over`'s: the ratio of their median steps. Not the median of each round's ratio:
+        a contender that ends one round and starts the next runs its second step on warm caches, and the
+        rounds' ratios then split in two clusters whose median is anywhere between them (two contenders whose
+        medians differed by 2% gave 1.096x that way)."""
+        return statistics.median(self.times[over]) / statistics.median(self.times[name])
+
+
 def measure(size: str, precision: str, steps: int, warmup: int, workdir: Path, cache: Path, compile: bool = False, offset: int = 0) -> Measured:
     """Each contender's step seconds over `steps` alternating rounds after `warmup` ones, with the step's tokens and FLOPs."""
     trainer, cfg = build_trainer(size, precision, steps + warmup, workdir / f"{size}-{precision}")
@@ -164,28 +186,6 @@ def measure(size: str, precision: str, steps: int, warmup: int, workdir: Path, c
     if compile:
         compiled.loggers.close()
     return Measured(times, tokens, flops / roofline)
-
-
-@dataclass
-class Measured:
-    times: dict[str, list[float]]
-    """Each contender's step seconds, one per round (index i: the same round for every contender)."""
-    tokens: int
-    roofline_seconds: float
-    """The step's model FLOPs over the dtype's matmul roofline: MFU is this over a step's seconds."""
-
-    def rate(self, name: str) -> float:
-        return self.tokens / statistics.median(self.times[name])
-
-    def mfu(self, name: str) -> float:
-        return self.roofline_seconds / statistics.median(self.times[name])
-
-    def speedup(self, name: str, over: str) -> float:
-        """`name`'s speed over `over`'s: the ratio of their median steps. Not the median of each round's ratio:
-        a contender that ends one round and starts the next runs its second step on warm caches, and the
-        rounds' ratios then split in two clusters whose median is anywhere between them (two contenders whose
-        medians differed by 2% gave 1.096x that way)."""
-        return statistics.median(self.times[over]) / statistics.median(self.times[name])
 
 
 ROUNDS = {"tiny": 3.0, "small": 1.0, "medium": 0.5}

@@ -195,8 +195,7 @@ def accumulated_step(
         scaler.unscale_(optimizer)
     across = pipeline.group if pipeline is not None else None
     fused = scaler is None and skips_on_device(optimizer)
-    plain = not any(isinstance(param, DTensor) for param in parameters)
-    if plain and (fused or grad_clip <= 0):
+    if (fused or grad_clip <= 0) and not any(isinstance(param, DTensor) for param in parameters):
         # The fused kernel divides each gradient by grad_scale as it reads it (GradScaler's unscaling), so the
         # clipping rides along instead of taking a pass of its own over the gradients (torch's clip_grad_norm_
         # multiplies every one, by 1 where it does not clip).
