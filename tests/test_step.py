@@ -10,7 +10,7 @@ import torch
 from currytrain.benchmark import alternating_step_times, balanced_orders, run_accumulated_step
 from currytrain.model.gqa import GQATransformer
 from currytrain.model.protocol import causal_lm_loss
-from currytrain.trainer.step import optimizer_step
+from currytrain.trainer.step import grad_norm, optimizer_step
 
 
 def _model() -> GQATransformer:
@@ -79,6 +79,20 @@ def test_the_fused_optimizer_clips_in_its_kernel_as_clip_grad_norm_then_a_step_w
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(ours_opt.state[a]["exp_avg"], reference_opt.state[b]["exp_avg"], rtol=1e-5, atol=1e-8)
     assert not hasattr(ours_opt, "grad_scale") and not hasattr(ours_opt, "found_inf")
+
+
+def test_grad_norm_on_the_cpu_is_torchs_total_norm_to_the_bit():
+    """The CPU path takes torch._foreach_norm instead of get_total_norm's Python loop: the same number, over
+    mixed dtypes, with parameters that have no gradient skipped."""
+    torch.manual_seed(0)
+    shapes = [(64, 32), (32,), (7, 3, 5), (1000,)]
+    parameters = [torch.nn.Parameter(torch.randn(shape)) for shape in shapes] + [torch.nn.Parameter(torch.randn(9, dtype=torch.bfloat16))]
+    for param in parameters[:2] + parameters[3:]:
+        param.grad = torch.randn_like(param) * 3
+    expected = torch.nn.utils.get_total_norm([param.grad for param in parameters if param.grad is not None])
+    assert torch.equal(grad_norm(parameters), expected)
+    parameters[0].grad[3, 4] = float("inf")
+    assert grad_norm(parameters).isinf()
 
 
 def test_optimizer_step_hands_the_fused_kernel_found_inf_for_one_call():

@@ -76,7 +76,14 @@ def optimizer_step(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor, gr
 
 def grad_norm(parameters: list[torch.Tensor], across: dist.ProcessGroup | None = None) -> torch.Tensor:
     """The L2 norm of plain tensors' gradients (those that have one), over `across`'s ranks too."""
-    total = torch.nn.utils.get_total_norm([param.grad for param in parameters if param.grad is not None])
+    grads = [param.grad for param in parameters if param.grad is not None]
+    if grads and all(grad.device.type == "cpu" for grad in grads):
+        # get_total_norm keeps torch._foreach_norm for accelerators and loops over CPU tensors in Python; the
+        # foreach op's CPU fallback runs the same per-tensor kernels in one C++ loop: the same norm, ~100 us less
+        # a step on TINY's 21 tensors (a third of the norm's time).
+        total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    else:
+        total = torch.nn.utils.get_total_norm(grads)
     if across is not None:
         squared = total**2
         dist.all_reduce(squared, group=across)
