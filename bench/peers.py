@@ -270,7 +270,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="add the compiled contenders (minutes of compilation on 2 cores)")
     parser.add_argument("--only", nargs="+", choices=CONTENDERS, help="step only these contenders (a row needs curryTrain's and its baseline)")
-    parser.add_argument("--faults", action="store_true", help="also print each contender's median minor page faults per step")
+    parser.add_argument("--faults", action="store_true", help="also print each contender's minor page faults per step (each repeat's median)")
     args = parser.parse_args()
     if args.only and not args.compile and any(name.endswith("+compile") for name in args.only):
         parser.error("--only names a compiled contender: add --compile")
