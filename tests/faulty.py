@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 
@@ -71,10 +72,12 @@ class RejectingLogger:
 
 
 class SlowLogger(_QuietLogger):
-    """A logger that sleeps `seconds` per log_metrics call: a run slow enough to be interrupted on cue."""
+    """A logger that sleeps `seconds` per log_metrics call: a run slow enough to be interrupted on cue.
+    $SLOW_LOGGER_SECONDS, where set, wins: one process of a sweep can run slower than the others without a config
+    of its own (a study refuses a sweeper whose overrides differ from its creator's)."""
 
     def __init__(self, run_dir: str, seconds: float = 0.1):
-        self.seconds = seconds
+        self.seconds = float(os.environ.get("SLOW_LOGGER_SECONDS", seconds))
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         time.sleep(self.seconds)

@@ -24,9 +24,9 @@ TRIAL = ("logger=[jsonl]", "data.max_bytes=300000", "trainer.max_steps=4", "trai
 """Tiny trials (4 steps, evaluated at 2 and 4, so the ASHA pruner gets reports to write into the storage)."""
 
 
-def sweeper(sweep_dir: Path, *extra: str) -> subprocess.Popen:
+def sweeper(sweep_dir: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     args = ["-m", "sweep=asha", f"sweep.n_trials={N_TRIALS}", *TRIAL, f"hydra.sweep.dir={sweep_dir}", *extra]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}  # four processes on a few cores
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}  # four processes on a few cores
     return subprocess.Popen(
         [sys.executable, str(ROOT / "launch.py"), *launch_argv(tuple(args), tiny=True)],
         cwd=ROOT,
@@ -100,7 +100,11 @@ def test_four_sweepers_at_once_on_sqlite_one_killed_mid_trial_and_a_restart_comp
     sweep_dir = tmp_path / "sweep"
     uri, _ = storage_of(sweep_dir, "sqlite")
     slow = ("build.allow=[tests]", "+logger.slow={_target_:tests.faulty.SlowLogger,seconds:0.25}", "sweep.on_interrupted=requeue")
-    processes = [sweeper(sweep_dir, *slow) for _ in range(SWEEPERS)]
+    # The victim's trials log slower still (the same config: a study refuses a sweeper whose overrides differ): after
+    # the first metrics the poll sees, 5 more logs of 2 s each stand between it and the trial's end, however long the
+    # poll waits for the storage's lock under load (at 0.25 s a log, a loaded make test once saw the victim's trial
+    # finish before the kill landed).
+    processes = [sweeper(sweep_dir, *slow, env={"SLOW_LOGGER_SECONDS": "2"})] + [sweeper(sweep_dir, *slow) for _ in range(SWEEPERS - 1)]
     victim, deadline, running = processes[0], time.monotonic() + 600, []
     while time.monotonic() < deadline and victim.poll() is None:  # until the victim's first trial is training
         mine = (
@@ -114,8 +118,8 @@ def test_four_sweepers_at_once_on_sqlite_one_killed_mid_trial_and_a_restart_comp
             break
         time.sleep(0.2)
     victim.send_signal(signal.SIGKILL)
-    victim.wait()
-    assert running, "the victim was killed while it trained a trial"
+    said = victim.communicate()[0]
+    assert running, f"the victim was killed while it trained a trial; it said:\n{said[-3000:]}"
     killed = running[0].number
     outputs = [process.communicate(timeout=900)[0] for process in processes[1:]]
     assert [process.returncode for process in processes[1:]] == [0] * (SWEEPERS - 1), "\n".join(out[-2000:] for out in outputs)
