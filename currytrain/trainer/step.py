@@ -43,16 +43,23 @@ def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float, across: dist
 
     across: the ranks that hold the other parts of the model as plain tensors (the pipeline stages): the norm is over
     all of their gradients, and every rank clips by that same norm."""
-    if across is not None:
-        total = grad_norm(parameters, across)
-        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
-        return total
-    kinds: dict[object, list[torch.Tensor]] = {}
-    for param in parameters:
-        if param.grad is not None:
-            kinds.setdefault(param.grad.device_mesh if isinstance(param.grad, DTensor) else None, []).append(param)
-    if len(kinds) <= 1:  # one kind (the usual case): torch's own, fused
-        return full(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
+    if across is None:
+        kinds: dict[object, list[torch.Tensor]] = {}
+        for param in parameters:
+            if param.grad is not None:
+                kinds.setdefault(param.grad.device_mesh if isinstance(param.grad, DTensor) else None, []).append(param)
+        if len(kinds) > 1:
+            return _clip_kinds_apart(kinds, max_norm)
+    # One kind (the usual case) or the pipeline's stages: torch's clip_grad_norm_ (its norm, then
+    # clip_grads_with_norm_), the norm taken by grad_norm.
+    total = grad_norm(parameters, across)
+    torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
+    return full(total)
+
+
+def _clip_kinds_apart(kinds: dict[object, list[torch.Tensor]], max_norm: float) -> torch.Tensor:
+    """clip_grad_norm over parameters of several kinds (plain tensors, DTensors of each mesh): each kind's norm made
+    whole, the norms combined, every gradient scaled by the one factor."""
     norms = [full(torch.nn.utils.get_total_norm([param.grad for param in group])) for group in kinds.values()]
     total = torch.linalg.vector_norm(torch.stack(norms))
     scale = max_norm / (total.item() + 1e-6)
@@ -75,9 +82,10 @@ def optimizer_step(optimizer: torch.optim.Optimizer, found_inf: torch.Tensor, gr
 
 
 def grad_norm(parameters: list[torch.Tensor], across: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """The L2 norm of plain tensors' gradients (those that have one), over `across`'s ranks too."""
+    """The L2 norm of the gradients (of the parameters that have one), over `across`'s ranks too: torch's
+    get_total_norm (a DTensor's norm stays a DTensor for the caller to make whole)."""
     grads = [param.grad for param in parameters if param.grad is not None]
-    if grads and all(grad.device.type == "cpu" for grad in grads):
+    if grads and all(type(grad) is torch.Tensor and grad.device.type == "cpu" for grad in grads):
         # get_total_norm keeps torch._foreach_norm for accelerators and loops over CPU tensors in Python; the
         # foreach op's CPU fallback runs the same per-tensor kernels in one C++ loop: the same norm, ~100 us less
         # a step on TINY's 21 tensors (a third of the norm's time).
