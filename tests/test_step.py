@@ -122,6 +122,7 @@ def test_non_finite_gradients_skip_the_optimizer_step(fused):
     good = run_accumulated_step(model, optimizer, [batch])
     assert not good.skipped
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(state["step"].item() == 1 for state in optimizer.state.values())  # the skipped step was not counted
 
 
 def test_alternating_step_times_takes_balanced_turns_and_times_every_call_after_the_warm_up():
