@@ -236,7 +236,7 @@ def accumulated_step(
             scaler.step(optimizer)
         else:
             optimizer.step()
-        skipped = torch.tensor(0.0 if math.isfinite(value) else 1.0)
+        skipped = torch.tensor(0.0 if math.isfinite(value) else 1.0, device=norm.device)
     if scaler is not None:
         scaler.update()  # a skipped (overflowing) step lowers the scale
     held = grad_bytes(model) if measure_grads else None  # gradients are freed just below
