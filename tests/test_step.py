@@ -10,6 +10,7 @@ import torch
 from currytrain.benchmark import alternating_step_times, balanced_orders, run_accumulated_step
 from currytrain.model.gqa import GQATransformer
 from currytrain.model.protocol import causal_lm_loss
+from currytrain.trainer import step
 from currytrain.trainer.step import grad_norm, optimizer_step
 
 
@@ -58,8 +59,17 @@ def test_clipping_bounds_the_gradient_norm_and_reports_the_norm_before():
     assert abs(clipped.item() - 1e-3) < 1e-6
 
 
+@pytest.fixture(params=["host", "device"])
+def check_on(request, monkeypatch):
+    """The finiteness check of the CPU (read on the host) and of an accelerator (found_inf, on the device: run
+    here on the CPU's kernels)."""
+    if request.param == "device":
+        monkeypatch.setattr(step, "read_without_waiting", lambda tensor: False)
+    return request.param
+
+
 @pytest.mark.parametrize("grad_clip", [1e-3, 1e3, 0.0])
-def test_the_fused_optimizer_clips_in_its_kernel_as_clip_grad_norm_then_a_step_would(grad_clip):
+def test_the_fused_optimizer_clips_in_its_kernel_as_clip_grad_norm_then_a_step_would(grad_clip, check_on):
     """Fused AdamW gets the clipping as its grad_scale divisor: the same parameters and moments as torch's
     clip_grad_norm_ followed by the step (clipping engaged, not engaged, off), and nothing left on the optimizer."""
     batch = (torch.randint(64, (4, 16), generator=torch.Generator().manual_seed(3)), torch.randint(64, (4, 16), generator=torch.Generator().manual_seed(4)))
@@ -110,7 +120,7 @@ def test_optimizer_step_hands_the_fused_kernel_found_inf_for_one_call():
 
 
 @pytest.mark.parametrize("fused", [False, True])
-def test_non_finite_gradients_skip_the_optimizer_step(fused):
+def test_non_finite_gradients_skip_the_optimizer_step(fused, check_on):
     model = _model()
     before = [p.detach().clone() for p in model.parameters()]
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=fused)

@@ -99,6 +99,12 @@ def grad_norm(parameters: list[torch.Tensor], across: dist.ProcessGroup | None =
     return total
 
 
+def read_without_waiting(tensor: torch.Tensor) -> bool:
+    """Whether reading `tensor` on the host waits for nothing: a CPU tensor is computed by the time it is read,
+    an accelerator's may still be queued behind the step's kernels."""
+    return tensor.device.type == "cpu"
+
+
 def clip_divisor(norm: torch.Tensor, max_norm: float) -> torch.Tensor:
     """What the gradients are divided by to clip them to `max_norm`: 1/clip_grad_norm_'s factor (>= 1)."""
     return torch.clamp((norm + 1e-6) / max_norm, min=1.0)
@@ -176,8 +182,8 @@ def accumulated_step(
     loop here (loss on the last stage, broadcast to every stage); the gradient norm is over every stage's parameters.
 
     With an optimizer that skips on the device (skips_on_device: fused AdamW, the default) nothing here waits
-    for the device; otherwise the finiteness check reads the gradient norm back once. Such an optimizer also
-    clips: its kernel divides the gradients by clip_divisor as it reads them.
+    for an accelerator; otherwise, and on the CPU (read_without_waiting), the finiteness check reads the gradient
+    norm back once. Such an optimizer also clips: its kernel divides the gradients by clip_divisor as it reads them.
 
     `parameters`: list(model.parameters()), which a caller stepping the same model many times keeps (listing them
     is ~1% of a tiny model's step on the CPU).
@@ -219,15 +225,16 @@ def accumulated_step(
         norm = grad_norm(parameters, across)
     else:  # DTensors (clip_grad_norm combines their meshes), or an optimizer that cannot divide
         norm = clip_grad_norm(parameters, grad_clip if grad_clip > 0 else float("inf"), across)
-    if fused and device.type != "cpu":  # the kernel also skips the step where found_inf is set: nothing waits for the device
+    if fused and not read_without_waiting(norm):  # the kernel also skips the step where found_inf is set: nothing waits
         skipped = (~torch.isfinite(norm)).float()
         optimizer_step(optimizer, skipped, clip_divisor(norm, grad_clip) if divides else None)
     else:
-        # The one read-back of this path: whether to step at all. On the CPU it waits for nothing (the norm is
-        # computed by now), and the finiteness and the clip divisor are host arithmetic instead of a handful of
-        # scalar kernels and the fused kernel's found_inf undo of every step count (~200 us of TINY's step).
+        # The one read-back of this path: whether to step at all. On the CPU it waits for nothing, and the
+        # finiteness and the clip divisor are host arithmetic instead of a handful of scalar kernels and the
+        # fused kernel's found_inf undo of every step count (~200 us of TINY's step).
         value = norm.item()
-        if not math.isfinite(value):
+        finite = math.isfinite(value)
+        if not finite:
             pass
         elif fused:
             divisor = (value + 1e-6) / grad_clip if divides else 1.0  # clip_divisor's arithmetic
@@ -236,7 +243,7 @@ def accumulated_step(
             scaler.step(optimizer)
         else:
             optimizer.step()
-        skipped = torch.tensor(0.0 if math.isfinite(value) else 1.0, device=norm.device)
+        skipped = torch.tensor(0.0 if finite else 1.0, device=norm.device)
     if scaler is not None:
         scaler.update()  # a skipped (overflowing) step lowers the scale
     held = grad_bytes(model) if measure_grads else None  # gradients are freed just below
