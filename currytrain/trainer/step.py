@@ -105,9 +105,11 @@ def read_without_waiting(tensor: torch.Tensor) -> bool:
     return tensor.device.type == "cpu"
 
 
-def clip_divisor(norm: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """What the gradients are divided by to clip them to `max_norm`: 1/clip_grad_norm_'s factor (>= 1)."""
-    return torch.clamp((norm + 1e-6) / max_norm, min=1.0)
+def clip_divisor(norm: torch.Tensor | float, max_norm: float) -> torch.Tensor | float:
+    """What the gradients are divided by to clip them to `max_norm`: 1/clip_grad_norm_'s factor (>= 1), of the
+    norm on the device or read back to the host."""
+    divisor = (norm + 1e-6) / max_norm
+    return torch.clamp(divisor, min=1.0) if isinstance(divisor, torch.Tensor) else max(divisor, 1.0)
 
 
 @dataclass
@@ -237,7 +239,7 @@ def accumulated_step(
         if not finite:
             pass
         elif fused:
-            divisor = (value + 1e-6) / grad_clip if divides else 1.0  # clip_divisor's arithmetic
+            divisor = clip_divisor(value, grad_clip) if divides else 1.0
             optimizer_step(optimizer, None, torch.tensor(divisor, dtype=torch.float32) if divisor > 1 else None)
         elif scaler is not None:
             scaler.step(optimizer)
