@@ -154,6 +154,34 @@ def test_linears_of_one_input_run_as_one_matmul_under_autocast_unless_each_must_
         assert torch.equal(out[0], adapted[0](x))
 
 
+def test_linears_of_one_input_run_as_one_matmul_when_compiled_in_fp32():
+    torch.manual_seed(0)
+    linears = [torch.nn.Linear(32, width, bias=False) for width in (32, 16, 16)]
+    graphs = []
+
+    def recording(graph_module, example_inputs):  # the graph dynamo hands its backend, run as traced
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    def matmuls(graph_module):
+        return sum(node.op == "call_function" and node.target in (F.linear, torch._C._nn.linear) for node in graph_module.graph.nodes)
+
+    projected = torch.compile(lambda x: shared_input_linears(x, *linears), backend=recording, fullgraph=True)
+    x = torch.randn(2, 40, 32, requires_grad=True)  # 80 tokens, at least the 64 outputs together: one matmul
+    compiled = projected(x)
+    assert matmuls(graphs[-1]) == 1
+    eager = [lin(x) for lin in linears]  # fp32 eager: each linear as it is
+    assert all(a.shape == b.shape and torch.allclose(a, b, atol=1e-6) for a, b in zip(compiled, eager))
+    sum(y.sum() for y in compiled).backward()
+    grads = [lin.weight.grad.clone() for lin in linears]
+    for lin in linears:
+        lin.weight.grad = None
+    sum(y.sum() for y in eager).backward()
+    assert all(torch.allclose(g, lin.weight.grad, atol=1e-5) for g, lin in zip(grads, linears))
+    projected(torch.randn(2, 20, 32))  # 40 tokens < 64 outputs: the copy of the weights would cost more than it saves
+    assert matmuls(graphs[-1]) == 3
+
+
 @pytest.mark.parametrize(
     ("tokens", "classes", "dtype"), [(96, 50, torch.bfloat16), (130, 9000, torch.bfloat16), (70, 9000, torch.float32)]
 )  # one chunk; several, the last one short
