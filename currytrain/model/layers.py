@@ -328,11 +328,11 @@ def shared_input_linears(x: torch.Tensor, *linears: nn.Module) -> Sequence[torch
     """linear(x) for each of `linears`. Under a 16-bit autocast or torch.compile, as one matmul over their weights
     concatenated where x has at least as many rows (tokens) as they have outputs together: autocast then casts x
     once instead of once per linear, and on the CPU one bf16 matmul of the whole width beats several narrow ones (a
-    small model's step: 5-9%); a compiled fp32 step has a third of the matmuls of q, k, v and of their input's
-    gradient (TINY: 2-4% a step), while the concatenation copies the weights every step, which costs more than it
-    saves where the weights outgrow the tokens (the ~125M model at 512 tokens a step: 2% slower). In eager fp32
-    (no faster there: docs/performance.md), and wherever a linear must run as its module (see _runs_as_matmul),
-    each is called as it is."""
+    small model's step: 5-9%); a compiled fp32 step makes one matmul where it made three, forward and backward
+    (TINY 1.6%, small 1.9% a step). The concatenation copies the weights every step, which costs more than it saves
+    where the weights outgrow the tokens (the ~125M model at 512 tokens a step: 2% slower). In eager fp32 (no faster
+    there: docs/performance.md), and wherever a linear must run as its module (see _runs_as_matmul), each is called
+    as it is."""
     widths = [linear.out_features for linear in linears]
     if (
         (torch.is_autocast_enabled(x.device.type) or torch.compiler.is_compiling())
