@@ -10,12 +10,13 @@ import math
 import pytest
 import torch
 from omegaconf import OmegaConf
+from torch import nn
 
 from conftest import compose_tiny, single_threaded
 from currytrain.components import build_components
 from currytrain.model.gqa import GQATransformer
 from currytrain.model.moe import MoETransformer
-from currytrain.model.protocol import LossSum, as_loss_sum, default_loss, model_loss, own_loss
+from currytrain.model.protocol import LossSum, as_loss_sum, default_loss, model_loss, own_loss, task_loss
 from currytrain.parallel.state import Normalization, ParallelState
 from currytrain.trainer.step import run_accumulated_step
 from currytrain.trainer.trainer import Trainer
@@ -97,17 +98,37 @@ def test_the_hf_loss_bug_case_is_fixed(one_thread):
     assert _relative(updates[1], updates[0]) < 1e-5
 
 
-def test_a_mask_of_the_models_own_is_weighted_right_when_it_says_what_it_scored(one_thread, caplog):
+def test_a_mask_of_the_models_own_is_weighted_right_when_it_says_what_it_scored(one_thread):
     """A model that ignores target id 0 (which the data does not mark as ignore_index): its (sum, count) trains on
-    the rule; one number (its mean) cannot, and the step says once how to say it."""
+    the rule; one number (its mean) cannot be weighted right (check=preflight's "loss normalization" catches it)."""
     data = zero_prompts(RaggedTokens(SEQ, VOCAB, scored=RAGGED))
     _, whole, _ = _step(PromptMaskedSum(_lm()), data, 1)
     _, split, _ = _step(PromptMaskedSum(_lm()), data, 4)
     assert _relative(split, whole) < 1e-5
+    _, whole, _ = _step(PromptMaskedMean(_lm()), data, 1)
+    _, split, _ = _step(PromptMaskedMean(_lm()), data, 4)
+    assert _relative(split, whole) > 0.05
+
+
+def test_one_number_on_targets_that_are_not_class_indices_is_said_once(caplog):
+    """Regression targets: a step counts one per row, which it says once, with the fix."""
+
+    class Regressor(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.linear(x)
+
+        def loss(self, prediction, targets):
+            return ((prediction - targets) ** 2).mean()
+
+    model, batch = Regressor(), (torch.randn(4, 3), torch.randn(4, 2))
     with caplog.at_level(logging.WARNING, logger="currytrain.model.protocol"):
-        _, whole, _ = _step(PromptMaskedMean(_lm()), data, 1)
-        _, split, _ = _step(PromptMaskedMean(_lm()), data, 4)
-    assert _relative(split, whole) > 0.05, "the masked mean's microbatches cannot be weighted right: this is what the preflight probe catches"
+        for _ in range(2):
+            loss = task_loss(model)(model(batch[0]), batch)
+    assert loss.count == 4 and float(loss.mean.detach()) == pytest.approx(float(((model(batch[0]) - batch[1]) ** 2).mean().detach()))
     said = [record.getMessage() for record in caplog.records if "returns one number" in record.getMessage()]
     assert len(said) == 1 and "return (sum, count)" in said[0], said
 
@@ -183,6 +204,55 @@ def test_val_loss_is_token_weighted_whatever_the_eval_batching(layout, compose_c
     assert OmegaConf.select(cfg, "trainer.eval_batches") == batches
 
 
+# ------------------------------------------------------------------- the ladder's probe of the rule (check=preflight)
+
+
+def _preflight_parts(compose_cfg, *overrides: str, model=None, pad: bool | None = None):
+    from currytrain.build import build
+    from tests import plain_models
+
+    cfg = compose_cfg("logger=[jsonl]", *overrides)
+    data = build(cfg.data)
+    if pad is not None:
+        data = plain_models.padded(data, declare_pad=pad)
+    return build_components(cfg, ParallelState(), data=data, model=model)
+
+
+def test_the_probe_catches_a_models_own_masked_mean_and_names_the_cause(compose_cfg, one_thread):
+    from currytrain.check.preflight.normalization import loss_normalization
+    from currytrain.check.stage import Status
+    from tests import plain_models
+
+    parts = _preflight_parts(compose_cfg, model=plain_models.PlainLM(bug="masked_mean_loss"), pad=False)
+    finding = loss_normalization(parts, 4)
+    assert finding.status is Status.FAILED, finding
+    assert "PlainLM.loss() returns one number per microbatch" in finding.cause and "return (sum, count)" in finding.fix, finding
+
+
+@pytest.mark.parametrize(
+    "what",
+    ["gqa", "gqa on padding it declares", "plain model, its own (sum, count)", "plain model, unpadded data", "moe with a capacity", "spiking", "probe task"],
+)
+def test_the_probe_is_silent_on_healthy_models(what, compose_cfg, one_thread):
+    from currytrain.check.preflight.normalization import loss_normalization
+    from currytrain.check.stage import Status
+    from tests import plain_models
+
+    setups = {
+        "gqa": lambda: _preflight_parts(compose_cfg),
+        "gqa on padding it declares": lambda: _preflight_parts(compose_cfg, pad=True),
+        "plain model, its own (sum, count)": lambda: _preflight_parts(compose_cfg, model=plain_models.PlainLM(), pad=False),
+        "plain model, unpadded data": lambda: _preflight_parts(compose_cfg, model=plain_models.PlainLM()),
+        "moe with a capacity": lambda: _preflight_parts(compose_cfg, "model=moe", "model.expert_hidden=32", "model.capacity_factor=1.0"),
+        "spiking": lambda: _preflight_parts(compose_cfg, "model=spiking"),
+        "probe task": lambda: _preflight_parts(compose_cfg, "data=probe", "data.task=induction"),
+    }
+    finding = loss_normalization(setups[what](), 4)
+    assert finding.status in (Status.PASSED, Status.SKIPPED), finding
+    if what != "moe with a capacity":
+        assert finding.status is Status.PASSED, finding
+
+
 # ------------------------------------------------------------- every parallel layout: 2 gloo workers, one step each
 
 ONE_STEP = [
@@ -229,7 +299,11 @@ def layouts(tmp_path_factory):
     root = tmp_path_factory.mktemp("loss")
     results = {}
     with single_threaded():
-        for name, overrides in {"single": [], "single 4 microbatches": ["trainer.batch_size=2", "trainer.grad_accum=4", "trainer.eval_batches=4"], "single moe": MOE}.items():
+        for name, overrides in {
+            "single": [],
+            "single 4 microbatches": ["trainer.batch_size=2", "trainer.grad_accum=4", "trainer.eval_batches=4"],
+            "single moe": MOE,
+        }.items():
             results[name] = step_and_eval(compose_tiny(*ONE_STEP, *overrides), root / name, ParallelState())
         paths = [write_resolved(compose_tiny(*ONE_STEP, *overrides), root / name) for name, (_, overrides) in LAYOUTS.items()]
     run_two_workers(paths, run_each)

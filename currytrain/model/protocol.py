@@ -223,19 +223,19 @@ def as_loss_sum(value: Any, targets: torch.Tensor, ignore_index: int = IGNORE_IN
 
 
 def _warn_scalar_loss(owner: Any, targets: torch.Tensor, ignore_index: int) -> None:
-    """Said once per process and class: a loss() that returns one number is taken for the mean over the targets that
-    are not ignore_index; whether it scored those is not known (a mask of its own would weigh microbatches and ranks
-    wrongly, which check=preflight's "loss normalization" probe finds)."""
+    """Said once per process and class where a step cannot count what a loss() that returns one number scored:
+    targets that are not class indices (regression values, soft labels), which count one per row. Class indices
+    count as the ones that are not ignore_index; a loss with a mask of its own is check=preflight's to find (the
+    "loss normalization" probe)."""
     kind = type(owner)
-    if kind in _WARNED:
+    if kind in _WARNED or not targets.is_floating_point():
         return
     _WARNED.add(kind)
-    scored = "every target" if targets.is_floating_point() else f"the targets that are not ignore_index={ignore_index}"
     log.warning(
-        "%s.loss() returns one number: taken as its mean over %s, and each microbatch weighted by their count. If it scores "
-        'other targets (a mask of its own), return (sum, count) or (per-target losses, mask) instead (docs/model.md, "The model\'s own loss")',
+        "%s.loss() returns one number on targets that are not class indices: a step weighs each microbatch by its rows (%d here). "
+        'If it averages over anything else, return (sum, count) or (per-row losses, mask) instead (docs/model.md, "The model\'s own loss")',
         kind.__name__,
-        scored,
+        targets.shape[0] if targets.dim() else 1,
     )
 
 
