@@ -108,7 +108,8 @@ def test_the_trainer_and_bench_use_the_models_loss_groups_and_sizes(compose_cfg,
     assert [g["weight_decay"] for g in parts.optimizer.param_groups] == [0.1, 0.0], "PlainLM's own groups"
     inputs, targets = data.batch("val", 0, 0, 4)
     with torch.no_grad():
-        own = float(model.loss(model(inputs), targets))
+        total, count = model.loss(model(inputs), targets)  # (sum, count)
+        own = float(total / count)
         default = float(F.cross_entropy(model(inputs).reshape(-1, 256), targets.reshape(-1)))
     with torch.no_grad():
         assert float(parts.forward_loss(inputs, targets)[0].mean) == pytest.approx(own) and own != pytest.approx(default)
