@@ -10,6 +10,7 @@
     currytrain diagnose RUN [--json]         what went wrong, and the fix (a multirun: each SLURM job's state)
     currytrain bench [overrides] [--json]    tokens/s, MFU and the step's split for a config
     currytrain estimate [overrides] [--tokens T] [--gpu h100]   FLOPs, time, device-hours and money of a run
+    currytrain generate RUN --prompt TEXT    text from a run's latest checkpoint or an import (KV cache, streamed)
 
 Each subcommand imports its machinery only when it runs, so `currytrain --help` stays instant.
 A typed outcome (currytrain.errors) prints one message and exits with its code: 2 for a user error.
@@ -275,6 +276,33 @@ def _add_runs(commands: argparse._SubParsersAction) -> None:
     diagnose.set_defaults(handler=_diagnose)
 
 
+def _generate(args: argparse.Namespace) -> None:
+    from currytrain.eval.commands import read_prompts, run_generate
+    from currytrain.eval.generate import Sampling
+
+    temperature = 0.0 if args.greedy else args.temperature
+    sampling = Sampling(args.max_new_tokens, temperature, args.top_k, args.top_p, args.seed)
+    prompts = read_prompts(args.prompt, args.prompts_file)
+    run_generate(args.run, prompts, sampling, tokenizer=args.tokenizer, device=args.device, as_json=args.json)
+
+
+def _add_generate(commands: argparse._SubParsersAction) -> None:
+    generate = commands.add_parser("generate", help="generate text from a run's latest checkpoint or an import folder (docs/evaluation.md)")
+    generate.add_argument("run", help="a run folder (its latest complete checkpoint), a checkpoint folder or a `currytrain hf import` folder")
+    generate.add_argument("--prompt", action="append", default=[], help="the text to continue (repeat for several prompts)")
+    generate.add_argument("--prompts-file", default=None, help="a file of prompts: one a line (\\n for a newline), or .jsonl records with a 'prompt'")
+    generate.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate at most (default 64)")
+    generate.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8); 0 is greedy")
+    generate.add_argument("--greedy", action="store_true", help="the most likely token each time (same as --temperature 0)")
+    generate.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (default 0: all)")
+    generate.add_argument("--top-p", type=float, default=1.0, help="sample among the most likely tokens holding this probability (default 1: all)")
+    generate.add_argument("--seed", type=int, default=0, help="seed of the draws (default 0): same seed, same text")
+    generate.add_argument("--tokenizer", default=None, help="a tokenizer.json or a folder holding one (default: the run's data tokenizer, or bytes)")
+    generate.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    generate.add_argument("--json", action="store_true", help="print one JSON record a prompt (text, token ids, why it stopped, tokens/s)")
+    generate.set_defaults(handler=_generate)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="currytrain", description="curryTrain actions besides training (python launch.py trains).")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -282,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_hf(commands)
     _add_runs(commands)
     _add_estimate(commands)
+    _add_generate(commands)
     return parser
 
 
