@@ -80,21 +80,36 @@ def find_codec(path: Path, config: dict[str, Any] | None, tokenizer: str | None)
         if found is None:
             raise ConfigError(f"{path} is an import folder without hf/tokenizer.json: pass --tokenizer <tokenizer.json or a folder holding one>")
         return tokenizer_codec(found)
-    data = (config or {}).get("data", {})
+    return run_codec(config or {}, f"the run at {path}", "pass --tokenizer <tokenizer.json>")
+
+
+def run_codec(config: dict[str, Any], what: str = "the run", fix: str = "pass eval=none") -> Codec:
+    """How a run's data reads text (its resolved config): data.tokenizer, bytes for a byte corpus, or the hf/
+    tokenizer of the import it started from; a ConfigError (naming `what` and the `fix`) for data that is not text."""
+    problem = codec_problem(config, what, fix)
+    if problem:
+        raise ConfigError(problem)
+    data = config.get("data", {})
     if data.get("tokenizer"):
-        found, problem = find_tokenizer(str(data["tokenizer"]))
-        if problem:
-            raise ConfigError(f"the run at {path} read its text with {problem}; pass --tokenizer <its tokenizer.json>")
-        return tokenizer_codec(found, str(data.get("eos_token", "auto")))
+        return tokenizer_codec(find_tokenizer(str(data["tokenizer"]))[0], str(data.get("eos_token", "auto")))
     if data.get("_target_") in BYTE_CORPORA:
         return byte_codec()
-    init_from = Path(str((config or {}).get("trainer", {}).get("init_from", "none"))).expanduser()
-    if (found := find_folder_tokenizer(init_from / "hf")) is not None:
-        return tokenizer_codec(found)
-    raise ConfigError(
-        f"the run at {path} trained on data._target_={data.get('_target_')}, which is not text: pass --tokenizer <tokenizer.json> "
-        "to read and write text with it"
-    )
+    return tokenizer_codec(find_folder_tokenizer(_init_from(config) / "hf"))
+
+
+def codec_problem(config: dict[str, Any], what: str = "the run", fix: str = "pass eval=none") -> str | None:
+    """Why a run's text cannot be read (the data is no text and names no tokenizer), or None. Torch-free."""
+    data = config.get("data", {})
+    if data.get("tokenizer"):
+        _, problem = find_tokenizer(str(data["tokenizer"]))
+        return f"{what} reads its text with {problem}" if problem else None
+    if data.get("_target_") in BYTE_CORPORA or find_folder_tokenizer(_init_from(config) / "hf") is not None:
+        return None
+    return f"{what} trains on data._target_={data.get('_target_')}, which is not text (no data.tokenizer, not a byte corpus): {fix}"
+
+
+def _init_from(config: dict[str, Any]) -> Path:
+    return Path(str(config.get("trainer", {}).get("init_from", "none"))).expanduser()
 
 
 def load_source(location: str | Path, tokenizer: str | None = None, device: str = "cpu") -> Source:
