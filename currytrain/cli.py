@@ -11,6 +11,7 @@
     currytrain bench [overrides] [--json]    tokens/s, MFU and the step's split for a config
     currytrain estimate [overrides] [--tokens T] [--gpu h100]   FLOPs, time, device-hours and money of a run
     currytrain generate RUN --prompt TEXT    text from a run's latest checkpoint or an import (KV cache, streamed)
+    currytrain eval RUN [tasks=[...]]        the eval group's evaluators on a run's checkpoint or an import
 
 Each subcommand imports its machinery only when it runs, so `currytrain --help` stays instant.
 A typed outcome (currytrain.errors) prints one message and exits with its code: 2 for a user error.
@@ -261,8 +262,15 @@ def _add_runs(commands: argparse._SubParsersAction) -> None:
     compare = commands.add_parser("compare", help="compare runs, seeds and sweeps: better/worse/equivalent/inconclusive with test, n and p")
     compare.add_argument("runs", nargs="+", help="run folders, multirun folders or sweep folders, in any mix")
     compare.add_argument("--out", default=None, help="folder for report.md and curves.png (default: compare/ in the runs' common parent)")
-    compare.add_argument("--metric", default="val_loss", help="the final value compared (default val_loss; any journaled metric, e.g. train/loss)")
-    compare.add_argument("--direction", default="minimize", choices=["minimize", "maximize"], help="whether lower or higher is better")
+    compare.add_argument(
+        "--metric", default="val_loss", help="the final value compared (default val_loss; any journaled metric: train/loss, eval/<task>/<metric>)"
+    )
+    compare.add_argument(
+        "--direction",
+        default=None,
+        choices=["minimize", "maximize"],
+        help="whether lower or higher is better (default: as the runs' evaluations journal it for an eval/ metric, else minimize)",
+    )
     compare.add_argument("--baseline", default=None, help="the group the others are judged against, by its printed name or a run folder (default: the first)")
     compare.add_argument("--alpha", type=float, default=0.05, help="significance level (0.01 for a claim worth a headline)")
     compare.add_argument("--delta", type=float, default=None, help="equivalence margin in the metric's unit: 'equivalent within ±delta' by TOST")
@@ -303,6 +311,33 @@ def _add_generate(commands: argparse._SubParsersAction) -> None:
     generate.set_defaults(handler=_generate)
 
 
+def _eval(args: argparse.Namespace) -> None:
+    from currytrain.config import compose_config
+    from currytrain.eval.commands import eval_overrides, run_eval
+    from currytrain.validate import check_tree, raise_on_problems
+
+    cfg = compose_config(eval_overrides(args.overrides))
+    raise_on_problems(check_tree(cfg.eval, "eval"))
+    metrics = run_eval(args.run, cfg.eval, tokenizer=args.tokenizer, device=args.device, out=args.out)
+    if args.json:
+        print(json.dumps(metrics, indent=2))
+        return
+    width = max(map(len, metrics), default=0)
+    for name, value in metrics.items():
+        print(f"{name:<{width}}  {value:.6g}")
+
+
+def _add_eval(commands: argparse._SubParsersAction) -> None:
+    evaluate = commands.add_parser("eval", help="run the eval group's evaluators on a run's latest checkpoint or an import (docs/evaluation.md)")
+    evaluate.add_argument("run", help="a run folder (its latest complete checkpoint), a checkpoint folder or a `currytrain hf import` folder")
+    evaluate.add_argument("overrides", nargs="*", help="eval group overrides: eval=synthetic (default), tasks=[curry_nextline], limit=50, +texts.NAME=FILE")
+    evaluate.add_argument("--tokenizer", default=None, help="a tokenizer.json or a folder holding one (default: the run's data tokenizer, or bytes)")
+    evaluate.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    evaluate.add_argument("--out", default=None, help="also write results.json and report.md into this folder (an import folder's results go nowhere else)")
+    evaluate.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    evaluate.set_defaults(handler=_eval)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="currytrain", description="curryTrain actions besides training (python launch.py trains).")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -311,6 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runs(commands)
     _add_estimate(commands)
     _add_generate(commands)
+    _add_eval(commands)
     return parser
 
 

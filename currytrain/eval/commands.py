@@ -127,3 +127,64 @@ def run_generate(
         results.append(result)
     out.flush()
     return results
+
+
+# ---------------------------------------------------------------------------------------------- currytrain eval
+
+EVAL_FIELDS = ("every", "texts", "tasks", "task_paths", "limit", "num_fewshot", "batch_size", "max_new_tokens", "seq_len", "max_tokens", "seed")
+"""The eval group's fields, which `currytrain eval` takes without their eval. prefix (tasks=[...] is eval.tasks=[...])."""
+
+
+def eval_overrides(args: list[str]) -> list[str]:
+    """The Hydra overrides of `currytrain eval`: eval=OPTION and eval.* as they are, a bare field prefixed with eval.
+    (tasks=[a,b], +texts.wiki=FILE), and eval=synthetic first when no option is chosen."""
+    found = []
+    for arg in args:
+        sign = arg[: len(arg) - len(arg.lstrip("+~"))]
+        key = arg[len(sign) :].split("=", 1)[0]
+        if key.split(".")[0] in EVAL_FIELDS:
+            arg = f"{sign}eval.{arg[len(sign) :]}"
+        elif key != "eval" and not key.startswith("eval."):
+            raise ConfigError(
+                f"currytrain eval takes overrides of the eval group, not {arg}: pass eval=OPTION or one of {list(EVAL_FIELDS)} (tasks=[curry_nextline])"
+            )
+        found.append(arg)
+    chosen = any(arg.split("=", 1)[0] == "eval" for arg in found)
+    return found if chosen else ["eval=synthetic", *found]
+
+
+def run_eval(location: str, node, *, tokenizer: str | None = None, device: str = "cpu", out: str | None = None) -> dict[str, float]:
+    """`currytrain eval`: the evaluators of `node` (the composed eval group) on the model at `location`. A run's
+    results are journaled (an `evaluation` event naming the checkpoint) and put in its report.md; with `out`, a
+    results.json and report.md go there too."""
+    from currytrain.build import build
+    from currytrain.eval.live import LiveModel
+    from currytrain.eval.runner import record, write_report
+    from currytrain.eval.source import run_config
+    from currytrain.journal import Journal, current, read_journal
+    from currytrain.parallel.state import ParallelState, resolve_device
+
+    if node.get("_target_") is None:
+        raise ConfigError("eval=none runs no evaluator: pass eval=synthetic, or tasks=[...] / +texts.NAME=FILE")
+    source = load_source(location, tokenizer, device)
+    path = Path(location).expanduser()
+    config = run_config(path)
+    evaluators = build(node)
+    seq_len = ((config or {}).get("data") or {}).get("seq_len") or source.context
+    live = LiveModel(source.model, ParallelState(device=resolve_device(device)), None, evaluators.context(seq_len))
+    evaluators.prepare(live, source.codec)
+    metrics = evaluators.run(live, stderr=True)
+    step = source.step or 0
+    fields = {"source": "currytrain eval", "weights": str(source.weights)}
+    if config is not None:  # a run folder (or one of its checkpoints): its journal and report.md
+        run_dir = path if (path / "journal.jsonl").is_file() else path.parent.parent
+        journal = Journal(run_dir / "journal.jsonl")
+        record(metrics, step, journal, None, evaluators.higher_is_better, **fields)
+        write_report(run_dir, [e for e in current(read_journal(run_dir / "journal.jsonl")) if e.get("type") == "evaluation"])
+    if out is not None:
+        folder = Path(out).expanduser()
+        folder.mkdir(parents=True, exist_ok=True)
+        event = {"type": "evaluation", "step": step, **fields, **metrics, "higher_is_better": evaluators.higher_is_better}
+        (folder / "results.json").write_text(json.dumps(event, indent=2) + "\n")
+        write_report(folder, [event])
+    return metrics

@@ -55,7 +55,7 @@ class InLoopEvaluation:
     def evaluate(self, step: int, final: bool = False) -> dict[str, float]:
         """Run every evaluator on the live model and record the results; after the last step, report.md too."""
         metrics = self.evaluators.run(self.live)
-        record(metrics, step, self.journal, self.loggers)
+        record(metrics, step, self.journal, self.loggers, self.evaluators.higher_is_better)
         if final and self.journal.enabled:
             journal = self.run_dir / "journal.jsonl"
             evaluations = [event for event in current(read_journal(journal)) if event.get("type") == "evaluation"]

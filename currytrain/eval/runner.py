@@ -60,6 +60,8 @@ class Evaluators:
         self.task_configs: list[dict[str, Any]] = []
         self.codec: Codec | None = None
         self.loaded: dict[str, Any] = {}
+        self.higher_is_better: dict[str, bool] = {}
+        """Whether a larger value is better, per metric of the last run() (what compare decides by)."""
         """lm-eval's loaded tasks ({"tasks", "groups", "group_map"}), made by prepare()."""
 
     def due(self, step: int) -> bool:
@@ -93,6 +95,7 @@ class Evaluators:
         with evaluating(live.model):
             for text_set in self.text_sets:
                 metrics.update({f"eval/{text_set.name}/{key}": value for key, value in text_set.evaluate(live, self.batch_size).items()})
+                self.higher_is_better.update({f"eval/{text_set.name}/{key}": False for key in ("loss", "bits_per_byte")})
             if self.task_configs:
                 metrics.update(self._harness(live, dry=False, stderr=stderr))
         return metrics
@@ -132,7 +135,11 @@ class Evaluators:
             for task in self.loaded["tasks"].values():
                 task.set_fewshot_seed(seed=self.seed)
             results = evaluate(lm=lm, task_dict=self.loaded, limit=self.limit or None, bootstrap_iters=1000 if stderr else 0, log_samples=False)
-        return {} if results is None or dry else harness_metrics(results["results"])
+        if results is None or dry:
+            return {}
+        for task, better in results.get("higher_is_better", {}).items():
+            self.higher_is_better.update({f"eval/{task}/{name}": bool(value) for name, value in better.items() if value is not None})
+        return harness_metrics(results["results"])
 
 
 def harness_metrics(results: dict[str, dict[str, Any]]) -> dict[str, float]:
@@ -206,15 +213,16 @@ def _offline_constants() -> list[tuple[Any, str, Any]]:
     return saved
 
 
-def record(metrics: dict[str, float], step: int, journal: Any, loggers: Any = None, **fields: Any) -> None:
-    """The journal's `evaluation` event (and the loggers' metrics) of one evaluation."""
+def record(metrics: dict[str, float], step: int, journal: Any, loggers: Any = None, higher_is_better: dict[str, bool] | None = None, **fields: Any) -> None:
+    """The journal's `evaluation` event (and the loggers' metrics) of one evaluation; higher_is_better (per metric)
+    is journaled with it, so compare knows which way each goes."""
     if not metrics:
         return
-    journal.event("evaluation", step=step, **fields, **metrics)
+    better = {key: value for key, value in (higher_is_better or {}).items() if key in metrics}
+    journal.event("evaluation", step=step, **fields, **metrics, **({"higher_is_better": better} if better else {}))
     if loggers is not None:
         loggers.log_metrics(metrics, step)
-    for key, value in metrics.items():
-        log.info("step %d: %s %.4f", step, key, value)
+    log.info("step %d: %s", step, ", ".join(f"{key} {value:.4g}" for key, value in metrics.items()))
 
 
 def report_section(evaluations: list[dict[str, Any]]) -> str:
