@@ -171,7 +171,10 @@ def run_eval(location: str, node, *, tokenizer: str | None = None, device: str =
     config = run_config(path)
     evaluators = build(node)
     seq_len = ((config or {}).get("data") or {}).get("seq_len") or source.context
-    live = LiveModel(source.model, ParallelState(device=resolve_device(device)), None, evaluators.context(seq_len))
+    context = evaluators.context(seq_len)
+    if source.context is not None and context > source.context:
+        raise ConfigError(f"eval.seq_len={context} exceeds the model's context (model.max_seq_len={source.context}): pass seq_len={source.context} or less")
+    live = LiveModel(source.model, ParallelState(device=resolve_device(device)), None, context)
     evaluators.prepare(live, source.codec)
     metrics = evaluators.run(live, stderr=True)
     step = source.step or 0
