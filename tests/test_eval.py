@@ -18,7 +18,6 @@ import torch.nn.functional as F
 pytest.importorskip("lm_eval")
 
 from conftest import train_losses  # noqa: E402
-
 from currytrain.cli import main  # noqa: E402
 from currytrain.eval.heldout import TextSet  # noqa: E402
 from currytrain.eval.live import LiveModel  # noqa: E402
@@ -68,7 +67,9 @@ def test_a_text_set_is_scored_token_weighted_in_windows_of_the_context(tmp_path)
     with torch.no_grad():  # the reference: each window on its own, summed
         starts = range(0, len(stream) - 1, context)
         total = sum(
-            F.cross_entropy(model(torch.tensor([stream[s : min(s + context, len(stream) - 1)]]))[0], torch.tensor(stream[s + 1 : s + context + 1]), reduction="sum").item()
+            F.cross_entropy(
+                model(torch.tensor([stream[s : min(s + context, len(stream) - 1)]]))[0], torch.tensor(stream[s + 1 : s + context + 1]), reduction="sum"
+            ).item()
             for s in starts
         )
     live = LiveModel(model, ParallelState(), None, context)
@@ -107,7 +108,13 @@ def test_in_the_loop_results_reach_the_journal_the_loggers_and_report_md(tmp_pat
     found = events(run)
     assert [event["step"] for event in found] == [2, 4]
     names = {key for key in found[-1] if key.startswith("eval/")}
-    assert {"eval/curry_nextline/acc", "eval/curry_complete/exact_match", "eval/curry_perplexity/bits_per_byte", "eval/held/loss", "eval/held/bits_per_byte"} <= names
+    assert {
+        "eval/curry_nextline/acc",
+        "eval/curry_complete/exact_match",
+        "eval/curry_perplexity/bits_per_byte",
+        "eval/held/loss",
+        "eval/held/bits_per_byte",
+    } <= names
     assert found[-1]["higher_is_better"]["eval/curry_nextline/acc"] is True and found[-1]["higher_is_better"]["eval/held/loss"] is False
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -162,11 +169,17 @@ def test_currytrain_eval_matches_the_loops_last_evaluation_and_journals_it(tmp_p
     assert (run / "report.md").read_text().count("## Evaluation") == 1
 
 
+@pytest.mark.slow  # four runs
 def test_compare_decides_on_a_task_metric_in_its_direction(tmp_path, run_launch, capsys):
     """compare --metric eval/<task>/<metric> reads the runs' final task metric and takes lm-eval's direction for it."""
     for lr in ("0.01", "0.0001"):
         for seed in (0, 1):
-            assert run_launch(f"hydra.run.dir={tmp_path / f'lr{lr}_s{seed}'}", *EVAL_RUN, "eval.tasks=[curry_nextline]", f"optimizer.lr={lr}", f"seed={seed}").returncode == 0
+            assert (
+                run_launch(
+                    f"hydra.run.dir={tmp_path / f'lr{lr}_s{seed}'}", *EVAL_RUN, "eval.tasks=[curry_nextline]", f"optimizer.lr={lr}", f"seed={seed}"
+                ).returncode
+                == 0
+            )
     capsys.readouterr()
     assert main(["compare", str(tmp_path), "--metric", "eval/curry_nextline/acc_norm", "--out", str(tmp_path / "cmp")]) == 0
     out = capsys.readouterr().out
@@ -228,8 +241,14 @@ def test_bad_tasks_and_text_sets_are_config_errors_naming_the_file_and_the_fix(t
     (tmp_path / "broken" / "bad.yaml").write_text("task: [unclosed\n")
     cases = {
         "missing task": (["eval=local", "eval.tasks=[nope]"], "eval.tasks: nope is no task"),
-        "malformed": (["eval=local", "eval.tasks=[mine]", f"eval.task_paths=[{tmp_path / 'ok'},{tmp_path / 'broken'}]"], "bad.yaml is not a readable YAML file"),
-        "download": (["eval=local", "eval.tasks=[hubby]", f"eval.task_paths=[{tmp_path / 'hub'}]"], "reads dataset_path=some_org/some_dataset from the Hugging Face Hub"),
+        "malformed": (
+            ["eval=local", "eval.tasks=[mine]", f"eval.task_paths=[{tmp_path / 'ok'},{tmp_path / 'broken'}]"],
+            "bad.yaml is not a readable YAML file",
+        ),
+        "download": (
+            ["eval=local", "eval.tasks=[hubby]", f"eval.task_paths=[{tmp_path / 'hub'}]"],
+            "reads dataset_path=some_org/some_dataset from the Hugging Face Hub",
+        ),
         "data file": (["eval=local", "eval.tasks=[lost]", f"eval.task_paths=[{tmp_path / 'nodata'}]"], "missing.jsonl, which does not exist: write that file"),
         "task folder": (["eval=local", "eval.tasks=[mine]", f"eval.task_paths=[{tmp_path / 'nowhere'}]"], "is not a folder"),
         "text set": (["eval=local", f"+eval.texts.wiki={tmp_path / 'wiki.txt'}"], "eval.texts.wiki="),
@@ -284,3 +303,65 @@ def test_sharded_generation_runs_in_step_and_equals_the_cached_one(tmp_path, com
         assert any(len(text) < len(whole) and whole.startswith(text) for text, whole in zip(expected, free)), (
             f"rank {rank}: no stop string ended a generation early ({expected}): pick stop strings this model writes"
         )
+
+
+# ------------------------------------------------------------------------------------------ parity with lm-eval's HF backend
+
+
+def harness_samples(lm, configs: list[dict], limit: int) -> dict:
+    """lm-eval's results and per-document samples of `configs` for an LM (simple_evaluate, offline, every sample kept)."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from currytrain.eval.runner import offline
+
+    with offline():
+        return lm_eval.simple_evaluate(
+            model=lm,
+            tasks=[{k: v for k, v in c.items() if k != "__yaml__"} for c in configs],
+            limit=limit,
+            log_samples=True,
+            bootstrap_iters=0,
+            task_manager=TaskManager(include_defaults=False),
+        )
+
+
+@pytest.mark.slow
+def test_the_adapter_scores_as_lm_evals_hf_backend_on_the_exported_checkpoint(tmp_path, run_launch):
+    """A run on a BPE tokenizer, exported with `currytrain hf export`: lm-eval's HFLM on the export and curryTrain's
+    adapter on the checkpoint give each document's loglikelihoods within 1e-4 (multiple choice and rolling), the same
+    greedy flags, accuracies and generated text."""
+    pytest.importorskip("accelerate")
+    from lm_eval.models.huggingface import HFLM
+    from tiny_tokenizer import train_tokenizer, write_corpus
+
+    from currytrain.eval.lm import CurryTrainLM
+    from currytrain.eval.source import load_source
+    from currytrain.eval.tasks_local import task_configs
+    from currytrain.hf import export_hf
+
+    tokenizer = train_tokenizer(tmp_path / "tokenizer", vocab_size=320)
+    corpus = write_corpus(tmp_path / "corpus")
+    run = tmp_path / "run"
+    overrides = ["data=tokens", f"data.tokenizer={tokenizer}", f"data.paths=[{corpus}]", f"data.cache_dir={tmp_path / 'cache'}", "model.vocab_size=320"]
+    assert run_launch(f"hydra.run.dir={run}", "logger=[jsonl]", "model.max_seq_len=128", "trainer.max_steps=4", *overrides).returncode == 0
+    export_hf(run, tmp_path / "exported")
+    configs = task_configs(["curry_nextline", "curry_perplexity", "curry_complete"], [])
+    limit = 6
+    reference = harness_samples(HFLM(pretrained=str(tmp_path / "exported"), batch_size=4, device="cpu", max_length=128, dtype="float32"), configs, limit)
+    source = load_source(run)
+    ours_lm = CurryTrainLM(LiveModel(source.model, ParallelState(), None, 128), source.codec, batch_size=4, max_new_tokens=32, seed=0, task_files={})
+    ours = harness_samples(ours_lm, configs, limit)
+    for task in ("curry_nextline", "curry_perplexity", "curry_complete"):
+        theirs_docs, ours_docs = reference["samples"][task], ours["samples"][task]
+        assert len(theirs_docs) == len(ours_docs) == limit
+        for theirs, mine in zip(theirs_docs, ours_docs):
+            for a, b in zip(theirs["resps"], mine["resps"]):
+                if task == "curry_complete":
+                    assert a == b
+                elif task == "curry_nextline":
+                    assert math.isclose(a[0][0], b[0][0], abs_tol=1e-4) and a[0][1] == b[0][1], (a, b)
+                else:
+                    assert math.isclose(a[0], b[0], abs_tol=1e-4), (a, b)
+    assert reference["results"]["curry_nextline"]["acc,none"] == ours["results"]["curry_nextline"]["acc,none"]
+    assert reference["results"]["curry_nextline"]["acc_norm,none"] == ours["results"]["curry_nextline"]["acc_norm,none"]
