@@ -109,6 +109,8 @@ class CurryTrainLM(LM):
         if spaces:
             context, continuation = context[:-spaces], context[-spaces:] + continuation
         whole, head = self.codec.encode(context + continuation), self.codec.encode(context)
+        if not head:  # a context of spaces alone: the continuation starts the document
+            return [self.codec.prefix_id], whole
         return head, whole[len(head) :]
 
     def _score(self, pairs: list[Pair]) -> list[tuple[float, bool]]:
