@@ -60,7 +60,9 @@ def main() -> None:
         text.write_text("".join(path.read_text(encoding="utf-8", errors="replace") for path in held_out_files()[:8]))
         evaluators = {task: Evaluators(tasks=[task], limit=args.limit) for task in SHIPPED_TASKS}
         evaluators["text set (32k tokens)"] = Evaluators(texts={"held": str(text)}, max_tokens=32768)
-        print(f"{cfg.model._target_.rpartition('.')[2]} ({sum(p.numel() for p in parts.model.parameters()) / 1e6:.2f}M parameters), context {cfg.data.seq_len}, ")
+        print(
+            f"{cfg.model._target_.rpartition('.')[2]} ({sum(p.numel() for p in parts.model.parameters()) / 1e6:.2f}M parameters), context {cfg.data.seq_len}, "
+        )
         print(f"threads={torch.get_num_threads()}; a training step: {step * 1e3:.1f} ms (median of 10)\n")
         print("| evaluator | documents | seconds | training steps |")
         print("|---|---|---|---|")
