@@ -218,7 +218,7 @@ class Decoder(nn.Module):
         h = self.tok_embeddings(tokens)
         for index, (layer, table) in enumerate(zip(self.layers, self.layer_rope)):
             cos, sin = tables[table]
-            h = layer(h, cos[start:], sin[start:], cache.layer(index))
+            h = layer(h, cos[start:], sin[start:], cache=cache.layer(index))
         cache.advance(tokens)
         return self.readout(h)
 

@@ -470,7 +470,8 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     """Pre-norm residual block (Llama): x + attention(attention_norm(x)), then x + mlp(mlp_norm(x)).
 
-    attention: the block's attention, called as attention(h, cos, sin, cache); mlp: its feed-forward module (a SwiGLU,
+    attention: the block's attention, called as attention(h, cos, sin, cache=cache) (the cache by keyword: tensor
+    parallelism's input plan lays out three positional inputs); mlp: its feed-forward module (a SwiGLU,
     an MoE), registered as `mlp_name` so that checkpoints keep each family's names; norm(): a new RMSNorm of the
     residual width. SandwichBlock and PostNormBlock place the norms elsewhere (model.norm_position).
     """
@@ -493,7 +494,7 @@ class Block(nn.Module):
         self.mlp_name = mlp_name
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin, cache)
+        x = x + self.attention(self.attention_norm(x), cos, sin, cache=cache)
         return x + self._modules[self.mlp_name](self.mlp_norm(x))
 
     def residual_projections(self) -> tuple[nn.Linear, ...]:
@@ -507,7 +508,7 @@ class SandwichBlock(Block):
     pre_norm, post_norm = True, True
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        x = x + self.post_attention_norm(self.attention(self.attention_norm(x), cos, sin, cache))
+        x = x + self.post_attention_norm(self.attention(self.attention_norm(x), cos, sin, cache=cache))
         return x + self.post_mlp_norm(self._modules[self.mlp_name](self.mlp_norm(x)))
 
 
@@ -517,7 +518,7 @@ class PostNormBlock(Block):
     pre_norm, post_norm = False, True
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        x = x + self.post_attention_norm(self.attention(x, cos, sin, cache))
+        x = x + self.post_attention_norm(self.attention(x, cos, sin, cache=cache))
         return x + self.post_mlp_norm(self._modules[self.mlp_name](x))
 
 
