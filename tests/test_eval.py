@@ -132,16 +132,19 @@ def test_in_the_loop_results_reach_the_journal_the_loggers_and_report_md(tmp_pat
 
 
 @pytest.mark.slow
-def test_fsdp_on_two_processes_evaluates_as_one_process_does(tmp_path, run_launch):
-    """parallel=fsdp parallel.nproc=2 (the documents and windows split over the ranks, forwards in step, generation
-    recomputed on the sharded model) gives the numbers of one process at the same steps."""
+@pytest.mark.parametrize("layout", ["fsdp", "tp"])
+def test_two_processes_evaluate_as_one_process_does(layout, tmp_path, run_launch):
+    """parallel=fsdp (or tp) with parallel.nproc=2 gives the numbers of one process at the same steps: under fsdp the
+    documents and windows are split over the ranks, forwards run in step and generation recomputes on the sharded
+    model; under tp both ranks share the work, sequences padded to the degree, logits gathered from their shards."""
     (tmp_path / "held.txt").write_text("for i in range(3):\n    print(i * i)\n" * 40)
     common = [*EVAL_RUN, "eval.tasks=[curry_nextline,curry_complete,curry_perplexity]", f"+eval.texts.held={tmp_path / 'held.txt'}", "eval.limit=3"]
-    single, fsdp = tmp_path / "single", tmp_path / "fsdp"
+    common += ["model.n_kv_heads=2"] if layout == "tp" else []  # tensor parallelism splits the kv heads too
+    single, sharded = tmp_path / "single", tmp_path / layout
     assert run_launch(f"hydra.run.dir={single}", *common).returncode == 0
-    result = run_launch(f"hydra.run.dir={fsdp}", *common, "parallel=fsdp", "parallel.nproc=2")
+    result = run_launch(f"hydra.run.dir={sharded}", *common, f"parallel={layout}", "parallel.nproc=2")
     assert result.returncode == 0, result.stderr[-3000:]
-    ones, twos = events(single), events(fsdp)
+    ones, twos = events(single), events(sharded)
     assert [e["step"] for e in ones] == [e["step"] for e in twos] == [2, 4]
     for one, two in zip(ones, twos):
         for key, value in one.items():
