@@ -63,20 +63,21 @@ def test_a_text_set_is_scored_token_weighted_in_windows_of_the_context(tmp_path)
     text_set = TextSet.read("code", str(tmp_path), codec, max_tokens=0)
     stream = [t for text in texts for t in [ord("\n"), *text.encode("utf-8")]]
     assert text_set.tokens.tolist() == stream and text_set.num_bytes == sum(len(t.encode("utf-8")) for t in texts)
-    context = 16
+    context, first_ids = 16, {sum(len(t.encode("utf-8")) + 1 for t in texts[:i]) for i in range(len(texts))}
+    targets = [t if i + 1 not in first_ids else -100 for i, t in enumerate(stream[1:])]  # a document's start id is no text
     with torch.no_grad():  # the reference: each window on its own, summed
-        starts = range(0, len(stream) - 1, context)
         total = sum(
             F.cross_entropy(
-                model(torch.tensor([stream[s : min(s + context, len(stream) - 1)]]))[0], torch.tensor(stream[s + 1 : s + context + 1]), reduction="sum"
+                model(torch.tensor([stream[s : min(s + context, len(stream) - 1)]]))[0], torch.tensor(targets[s : s + context]), reduction="sum"
             ).item()
-            for s in starts
+            for s in range(0, len(stream) - 1, context)
         )
+    scored = sum(len(t.encode("utf-8")) for t in texts)
     live = LiveModel(model, ParallelState(), None, context)
     results = [text_set.evaluate(live, batch_size) for batch_size in (1, 3, 64)]
     for result in results:
-        assert result["tokens"] == len(stream) - 1
-        assert math.isclose(result["loss"], total / (len(stream) - 1), rel_tol=1e-6)
+        assert result["tokens"] == scored
+        assert math.isclose(result["loss"], total / scored, rel_tol=1e-6)
         assert math.isclose(result["bits_per_byte"], total / math.log(2) / text_set.num_bytes, rel_tol=1e-6)
 
 

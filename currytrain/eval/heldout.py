@@ -1,9 +1,10 @@
 """A held-out text set (eval.texts): its token-weighted loss and bits per byte under the model.
 
 Each document (a file, or a record of a .jsonl/.parquet file) is read with the run's tokenizer and starts from the
-codec's document start (its EOS, or a newline for bytes), so every one of its tokens is scored. The documents are
-joined into one stream, cut into windows of the context (the next window starts where the last one's targets end:
-each token is scored once), and the windows shared out over the data-parallel ranks. The loss is the sum of every
+codec's document start (its EOS, or a newline for bytes), so every one of its tokens is scored and the start ids,
+which are no text, are not. The documents are joined into one stream, cut into windows of the context (the next
+window starts where the last one's targets end: each token is scored once), and the windows shared out over the
+data-parallel ranks. The loss is the sum of every
 scored token's loss over all ranks divided by the number of scored tokens, never a mean of per-batch means; bits
 per byte is that sum in bits over the UTF-8 bytes of the text scored, comparable across tokenizers.
 """
@@ -29,6 +30,8 @@ class TextSet:
     name: str
     tokens: torch.Tensor
     """The stream: each document's start id, then its tokens."""
+    starts: torch.Tensor
+    """True at the stream's document-start ids: no text, so never a scored target."""
     num_bytes: int
     """UTF-8 bytes of the documents the stream holds (what bits_per_byte divides by)."""
 
@@ -38,6 +41,7 @@ class TextSet:
 
         start = codec.prefix_id if codec.prefix_id is not None else 0
         stream: list[int] = []
+        starts: list[int] = []
         num_bytes = 0
         for document in read_documents(text_files(location), "file"):
             ids = codec.encode(document)
@@ -46,16 +50,21 @@ class TextSet:
                 document = codec.decode(ids)  # the bytes of what is kept
                 if not ids:
                     break
+            starts.append(len(stream))
             stream += [start, *ids]
             num_bytes += len(document.encode("utf-8"))
             if max_tokens and len(stream) >= max_tokens:
                 break
-        return cls(name, torch.tensor(stream, dtype=torch.long), num_bytes)
+        marks = torch.zeros(len(stream), dtype=torch.bool)
+        marks[starts] = True
+        return cls(name, torch.tensor(stream, dtype=torch.long), marks, num_bytes)
 
-    def windows(self, context: int) -> list[torch.Tensor]:
-        """Overlapping by one token: window i holds tokens [i * context, (i + 1) * context]; its last is shorter."""
+    def windows(self, context: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(tokens, targets scored) of windows overlapping by one token: window i holds tokens [i * context,
+        (i + 1) * context] (its last is shorter), and scores the targets that are text, not a document's start."""
         last = len(self.tokens) - 1
-        return [self.tokens[start : min(start + context, last) + 1] for start in range(0, last, context)]
+        spans = [(start, min(start + context, last) + 1) for start in range(0, last, context)]
+        return [(self.tokens[begin:end], ~self.starts[begin + 1 : end]) for begin, end in spans]
 
     def evaluate(self, live: LiveModel, batch_size: int) -> dict[str, float]:
         """eval/<name>/loss (nats per token), bits_per_byte and tokens, over every rank's share of the windows."""
@@ -76,14 +85,14 @@ class TextSet:
         return {"loss": loss, "bits_per_byte": total / math.log(2) / self.num_bytes if self.num_bytes else math.nan, "tokens": count}
 
     @staticmethod
-    def _batch_loss(live: LiveModel, windows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _batch_loss(live: LiveModel, windows: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         """(sum of the token losses, number of targets) of a batch of windows, right-padded to the longest."""
-        length = max(len(w) for w in windows) - 1
+        length = max(len(tokens) for tokens, _ in windows) - 1
         inputs = torch.zeros(len(windows), length, dtype=torch.long)
         targets = torch.full((len(windows), length), -100, dtype=torch.long)
-        for row, window in enumerate(windows):
-            inputs[row, : len(window) - 1] = window[:-1]
-            targets[row, : len(window) - 1] = window[1:]
+        for row, (tokens, scored) in enumerate(windows):
+            inputs[row, : len(tokens) - 1] = tokens[:-1]
+            targets[row, : len(tokens) - 1] = tokens[1:].masked_fill(~scored, -100)
         logits = live.logits(inputs)
         targets = targets.to(logits.device)
         total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100, reduction="sum")
