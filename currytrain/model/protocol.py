@@ -25,7 +25,10 @@ runtime-checkable Protocol of one method), never by an attribute name or a confi
   it they are found in the module tree (find_blocks: the same-class siblings holding the most parameters).
 - auxiliary_loss() -> Tensor: extra losses of the last forward (MoE balancing), added before backward;
 - training_metrics() -> dict[str, float]: statistics of the last forward, logged with the train metrics;
-- mup_hidden_matrices() -> HiddenMatrices: the weights muP trains with a width-scaled learning rate.
+- mup_hidden_matrices() -> HiddenMatrices: the weights muP trains with a width-scaled learning rate;
+- decode(tokens, cache) -> Tensor: generation's cached forward (HasKVCache): the logits of the new tokens, which
+  follow the positions the KVCache (model/cache.py) holds and are added to it. Without it, generation runs the
+  whole sequence through forward for every new token.
 
 Sizes (classes, sequence length, vocabulary) come from the data adapter (`num_classes`, `seq_len`,
 `vocab_size`, `ignore_index`) or are read off the model's outputs, never from config field names.
@@ -44,6 +47,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from currytrain.model.cache import KVCache
 from currytrain.model.loss import cross_entropy
 
 log = logging.getLogger(__name__)
@@ -118,6 +122,11 @@ class HasMuP(Protocol):
     def mup_hidden_matrices(self) -> HiddenMatrices: ...
 
 
+@runtime_checkable
+class HasKVCache(Protocol):
+    def decode(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor: ...
+
+
 HOOKS = {
     HasLoss: "loss",
     HasParamGroups: "param_groups",
@@ -125,6 +134,7 @@ HOOKS = {
     HasAuxiliaryLoss: "auxiliary_loss",
     HasTrainingMetrics: "training_metrics",
     HasMuP: "mup_hidden_matrices",
+    HasKVCache: "decode",
 }
 """The optional hooks of this protocol that are looked up as bound methods (see hook())."""
 

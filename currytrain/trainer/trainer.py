@@ -20,6 +20,7 @@ from currytrain.checkpoint import Checkpointer, TrainState, metadata_problem
 from currytrain.components import Components, build_components
 from currytrain.data import HasEvalMetrics
 from currytrain.errors import Aborted, ConfigError, Interrupted, Pruned, RunFailed
+from currytrain.eval.loop import InLoopEvaluation
 from currytrain.journal import Journal, read_journal
 from currytrain.logger.base import MultiLogger, ending_status
 from currytrain.model.protocol import HasTrainingMetrics, full
@@ -101,6 +102,8 @@ class Trainer:
         self.loggers = build_loggers(cfg.logger, self.run_dir, enabled=self.state.is_main)
         self.loggers.log_config(self.run_config)
         self.hooks = list(hooks)
+        # eval: held-out text sets and lm-eval tasks on the live model (currytrain/eval/loop.py); None with eval=none
+        self.downstream = InLoopEvaluation.of(cfg, self.model, self.state, self.autocast_dtype, self.data.seq_len, self.run_dir, self.journal, self.loggers)
         # Where each rank is, for `currytrain diagnose` to name a straggler (the journal is rank 0's).
         self.heartbeat = Heartbeat(self.run_dir, self.state.rank, enabled=self.state.world_size > 1)
         self.memory_logged = False
@@ -145,6 +148,8 @@ class Trainer:
     def _train(self) -> float:
         if not self.maybe_resume():
             self.maybe_init_from()
+        if self.downstream is not None:
+            self.downstream.prepare()
         num_params = sum(p.numel() for p in self.model.parameters())
         self.journal.event("start", step=self.step, num_params=num_params, device=str(self.state.device), data=self.data.describe())
         if self.attention is not None:
@@ -164,6 +169,8 @@ class Trainer:
                 if (signum := self.agreed_stop()) is not None:
                     self.stop_on_signal(signum)
         val_loss = self.evaluate()
+        if self.downstream is not None:
+            self.downstream.evaluate(self.step, final=True)
         seconds = time.perf_counter() - started
         if not math.isfinite(val_loss):
             raise RunFailed(
@@ -229,6 +236,8 @@ class Trainer:
                 return metrics
         if step % cfg.eval_every == 0 and step != cfg.max_steps:
             metrics["val/loss"] = self.evaluate()
+        if self.downstream is not None and self.downstream.due(step) and step != cfg.max_steps:
+            metrics.update(self.downstream.evaluate(step))
         # 8. checkpoint
         if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.max_steps:
             self.save_checkpoint()
