@@ -133,18 +133,20 @@ class Normalization:
     def ranks(self) -> int:
         return 1 if self.group is None else dist.get_world_size(self.group)
 
-    def count(self, targets: torch.Tensor) -> int | torch.Tensor:
-        """The scored targets of one microbatch: a host int for targets on the CPU (no device sync)."""
+    def count(self, targets: torch.Tensor, host: bool | None = None) -> int | torch.Tensor:
+        """The scored targets of one microbatch: a host int when reading them waits for nothing (`host`; by default
+        targets on the CPU, as a data loader's are), else a tensor on their device."""
         count = scored_count(targets, self.ignore_index)
-        return int(count) if targets.device.type == "cpu" else count
+        return int(count) if (targets.device.type == "cpu" if host is None else host) else count
 
-    def total(self, local: int | torch.Tensor, device: torch.device) -> int | torch.Tensor:
-        """`local` summed over the ranks of `group` (a host int on the CPU, a tensor on an accelerator)."""
+    def total(self, local: int | torch.Tensor, device: torch.device, host: bool | None = None) -> int | torch.Tensor:
+        """`local` summed over the ranks of `group`: a host int where reading the sum back waits for nothing (`host`;
+        by default on the CPU), else a tensor on `device`."""
         if self.group is None:
             return local
         value = torch.as_tensor(local, device=device, dtype=torch.int64).reshape(1).clone()
         dist.all_reduce(value, group=self.group)
-        return int(value.item()) if device.type == "cpu" else value[0]
+        return int(value.item()) if (device.type == "cpu" if host is None else host) else value[0]
 
 
 def step_scale(count: int | torch.Tensor, ranks: int) -> float | torch.Tensor:

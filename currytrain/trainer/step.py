@@ -101,10 +101,10 @@ def grad_norm(parameters: list[torch.Tensor], across: dist.ProcessGroup | None =
     return total
 
 
-def read_without_waiting(tensor: torch.Tensor) -> bool:
-    """Whether reading `tensor` on the host waits for nothing: a CPU tensor is computed by the time it is read,
-    an accelerator's may still be queued behind the step's kernels."""
-    return tensor.device.type == "cpu"
+def read_without_waiting(tensor: torch.Tensor | torch.device) -> bool:
+    """Whether reading `tensor` (or a tensor on this device) on the host waits for nothing: a CPU tensor is computed
+    by the time it is read, an accelerator's may still be queued behind the step's kernels."""
+    return getattr(tensor, "device", tensor).type == "cpu"
 
 
 def clip_divisor(norm: torch.Tensor | float, max_norm: float) -> torch.Tensor | float:
@@ -173,8 +173,11 @@ def backward_microbatches(
     microbatches, so the step trains on its average over them (and over the ranks, by the gradient averaging).
     `parameters`: those whose gradients a loss that counts its own targets may have to correct."""
     num_micro = len(microbatches)
-    counts = [normalization.count(targets) for _, targets in microbatches]
-    step_count = normalization.total(sum(counts), device)
+    # Counted where reading them waits for nothing (a data loader's targets on the host), summed over the ranks on
+    # the device; an accelerator's sum stays there (the scale is then a tensor: no wait).
+    host = read_without_waiting(microbatches[0][1])
+    counts = [normalization.count(targets, host) for _, targets in microbatches]
+    step_count = normalization.total(sum(counts), device, read_without_waiting(device))
     scale = step_scale(step_count, normalization.ranks)
     totals, own_counts = [], []
     for inputs, targets in microbatches:
@@ -206,8 +209,8 @@ def own_count_correction(counts: list, step_count: int | torch.Tensor, normaliza
     """step_count / the targets the losses say they scored (summed over the ranks): what the gradients are
     multiplied by when a loss() counted other targets than the step did; None where they agree (on the CPU, read
     on the host), so nothing is touched."""
-    local = sum(int(count) if not isinstance(count, torch.Tensor) or count.device.type == "cpu" else count for count in counts)
-    scored = normalization.total(local, device)
+    local = sum(int(count) if not isinstance(count, torch.Tensor) or read_without_waiting(count) else count for count in counts)
+    scored = normalization.total(local, device, read_without_waiting(device))
     if isinstance(scored, int) and isinstance(step_count, int):
         return None if scored == step_count else max(step_count, 1) / max(scored, 1)
     return torch.as_tensor(step_count, device=device).clamp(min=1).float() / torch.as_tensor(scored, device=device).clamp(min=1).float()
