@@ -8,10 +8,14 @@
     currytrain verify RUN                    each checkpoint against its checksums (exit 1 if one fails)
     currytrain compare RUN_OR_SWEEP [...]    runs grouped by config, paired/Welch verdicts with p, report.md
     currytrain diagnose RUN [--json]         what went wrong, and the fix (a multirun: each SLURM job's state)
-    currytrain bench [overrides] [--json]    tokens/s, MFU and the step's split for a config
-    currytrain estimate [overrides] [--tokens T] [--gpu h100]   FLOPs, time, device-hours and money of a run
+    currytrain bench [RUN] [overrides] [--json]    tokens/s, MFU and the step's split for a config
+    currytrain estimate [RUN] [overrides] [--tokens T] [--gpu h100]   FLOPs, time, device-hours and money of a run
+    currytrain advise [RUN] [overrides] [--gpus N]   per-rank memory and traffic of parallel layouts
     currytrain generate RUN --prompt TEXT    text from a run's latest checkpoint or an import (KV cache, streamed)
     currytrain eval RUN [tasks=[...]]        the eval group's evaluators on a run's checkpoint or an import
+
+Run inside a project (`currytrain init`), each command sees it as its launch.py does: its conf/ (experiment=NAME)
+and its experiments package (currytrain.conf.enter_app). RUN: a run folder, whose resolved.yaml replaces composing.
 
 Each subcommand imports its machinery only when it runs, so `currytrain --help` stays instant.
 A typed outcome (currytrain.errors) prints one message and exits with its code: 2 for a user error.
@@ -24,8 +28,12 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from currytrain.errors import ConfigError, Outcome, RunFailed
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 
 def _hf_import(args: argparse.Namespace) -> None:
@@ -163,12 +171,37 @@ def _diagnose(args: argparse.Namespace) -> None:
         print(f"{finding.cause}: {finding.summary}\n  fix: {finding.fix}")
 
 
+def run_or_composed(overrides: list[str]) -> DictConfig:
+    """The config a command reads: the resolved.yaml of a run folder given first (the `key=value` overrides after it
+    applied), else the config `python launch.py OVERRIDES` runs, composed in the project this command runs in."""
+    from currytrain.config import compose_config
+
+    if not overrides or not Path(overrides[0]).expanduser().is_dir():
+        return compose_config(overrides)
+    from omegaconf import DictConfig, OmegaConf
+
+    from currytrain.weights import RESOLVED
+
+    run = Path(overrides[0]).expanduser()
+    if not (run / RESOLVED).is_file():
+        raise ConfigError(f"{overrides[0]} is a folder without {RESOLVED}: pass a run folder (python launch.py writes one), or launch.py overrides")
+    cfg = OmegaConf.load(run / RESOLVED)
+    for change in overrides[1:]:
+        key = change.partition("=")[0]
+        if "=" not in change or OmegaConf.select(cfg, key, default=None) is None or isinstance(OmegaConf.select(cfg, key), DictConfig):
+            raise ConfigError(
+                f"{change}: after a run folder, pass key=value overrides of values its {RESOLVED} holds (e.g. trainer.batch_size=16); "
+                "a group choice (model=moe) needs a composed config: drop the run folder"
+            )
+        OmegaConf.update(cfg, key, OmegaConf.select(OmegaConf.from_dotlist([change]), key), merge=False)
+    return cfg
+
+
 def _bench(args: argparse.Namespace) -> None:
     from currytrain.benchmark import step_benchmark
-    from currytrain.config import compose_config
     from currytrain.validate import raise_on_problems, validate
 
-    cfg = compose_config(args.overrides)
+    cfg = run_or_composed(args.overrides)
     raise_on_problems(validate(cfg) + _one_process_problems(cfg))
     result = step_benchmark(cfg, steps=args.steps, warmup=args.warmup)
     if args.json:
@@ -205,7 +238,9 @@ def _estimate(args: argparse.Namespace) -> None:
     from currytrain.cost.estimate import estimate_cost
     from currytrain.validate import raise_on_problems, validate
 
-    cfg = compose_config([*args.overrides, *([f"cost={args.gpu}"] if args.gpu else [])])
+    cfg = run_or_composed(args.overrides)
+    if args.gpu:  # the cost option, composed alone: a run folder's resolved.yaml holds the one it ran with
+        cfg.cost = compose_config([f"cost={args.gpu}"]).cost
     raise_on_problems(validate(cfg))
     estimate = estimate_cost(cfg, args.tokens)
     print(json.dumps(estimate.as_dict(), indent=2) if args.json else estimate.describe())
@@ -213,7 +248,7 @@ def _estimate(args: argparse.Namespace) -> None:
 
 def _add_estimate(commands: argparse._SubParsersAction) -> None:
     estimate = commands.add_parser("estimate", help="FLOPs, time, device-hours and money of a run before it runs")
-    estimate.add_argument("overrides", nargs="*", help="launch.py overrides, e.g. model/size=small cost.num_devices=8")
+    estimate.add_argument("overrides", nargs="*", help="launch.py overrides, e.g. model/size=small cost.num_devices=8; or a run folder first")
     estimate.add_argument("--tokens", type=float, default=None, help="tokens to train (default: the run's max_steps x batch x seq_len)")
     estimate.add_argument("--gpu", default=None, help="the cost option to price on (conf/cost/: h100, a100, cpu); same as cost=NAME")
     estimate.add_argument("--json", action="store_true", help="print the estimate as JSON")
@@ -222,11 +257,10 @@ def _add_estimate(commands: argparse._SubParsersAction) -> None:
 
 def _advise(args: argparse.Namespace) -> None:
     from currytrain.advise import advise, parse_bytes, print_advice
-    from currytrain.config import compose_config
     from currytrain.estimate import device_memory
     from currytrain.parallel.dims import launched_world_size
 
-    cfg = compose_config(args.overrides)
+    cfg = run_or_composed(args.overrides)
     world = args.gpus or launched_world_size(cfg.parallel.nproc)
     memory = parse_bytes(args.gpu_mem) if args.gpu_mem else device_memory(cfg.trainer.device)[0]
     result = advise(cfg, world, memory)
@@ -238,14 +272,14 @@ def _advise(args: argparse.Namespace) -> None:
 
 def _add_runs(commands: argparse._SubParsersAction) -> None:
     advise = commands.add_parser("advise", help="predict per-rank memory and communication of parallel layouts, and what to add next")
-    advise.add_argument("overrides", nargs="*", help="launch.py overrides, e.g. model/size=small data.seq_len=4096")
+    advise.add_argument("overrides", nargs="*", help="launch.py overrides, e.g. model/size=small data.seq_len=4096; or a run folder first")
     advise.add_argument("--gpus", type=int, default=0, help="ranks to plan for (default: the config's world size)")
     advise.add_argument("--gpu-mem", default=None, help="memory per rank, e.g. 80GiB (default: this machine's device or RAM)")
     advise.add_argument("--json", action="store_true", help="print the predictions as JSON")
     advise.set_defaults(handler=_advise)
 
     bench = commands.add_parser("bench", help="time training steps of a config: tokens/s, MFU, forward/backward/optimizer split")
-    bench.add_argument("overrides", nargs="*", help="launch.py overrides, e.g. model/size=small trainer.precision=bf16")
+    bench.add_argument("overrides", nargs="*", help="launch.py overrides, e.g. model/size=small trainer.precision=bf16; or a run folder first")
     bench.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
     bench.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     bench.add_argument("--json", action="store_true", help="print the result as JSON (schema in docs/performance.md)")
@@ -351,8 +385,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from currytrain.conf import enter_app
+
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    enter_app()  # every command sees the project it runs in, as its launch.py does: its experiments and conf/
     try:
         args.handler(args)
     except Outcome as error:  # a config error (2), a failed gate (3), an abort (4): one message, no traceback

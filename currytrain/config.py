@@ -33,7 +33,7 @@ from currytrain.check.config import (
     SeedsCheckConfig,
     SkeletonCheckConfig,
 )
-from currytrain.conf import CONF_DIR
+from currytrain.conf import CONF_DIR, app_config, enter_app  # noqa: F401 (CONF_DIR: launch.py and tests ask here)
 from currytrain.cost.config import CostConfig
 from currytrain.data.config import DigitsConfig, ProbeConfig, StdlibBytesConfig, SyntheticConfig, TableConfig, TextConfig, TokensConfig
 from currytrain.eval.config import EvalConfig, NoEvalConfig
@@ -133,18 +133,20 @@ def register_configs() -> None:
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
-    """The root config with launch.py's overrides, composed outside a running Hydra app (the `currytrain`
-    command, bench/). An unknown option or key raises ConfigError with Hydra's message (it lists the options):
-    exit code 2 in the CLI."""
+    """The config `python launch.py OVERRIDES` runs, composed outside a running Hydra app (the `currytrain`
+    command, bench/): in a project (or any folder under it), the project's root config with its experiments,
+    as its launch.py composes it (currytrain.conf.enter_app); elsewhere curryTrain's own. An unknown option or
+    key raises ConfigError with Hydra's message (it lists the options): exit code 2 in the CLI."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
     from currytrain.errors import ConfigError
 
+    config_dir, config_name = app_config(enter_app())
     register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
         try:
-            return compose(config_name="config", overrides=overrides)
+            return compose(config_name=config_name, overrides=overrides)
         except HydraException as error:
             raise ConfigError(str(error).split("\nConfig search path:")[0]) from None
 

@@ -365,22 +365,76 @@ def _check_pipeline_parallel(cfg: DictConfig) -> list[str]:
 
 
 def _check_memory(cfg: DictConfig) -> list[str]:
-    """Refuse a run that cannot fit, with the estimate (currytrain/estimate.py) and what to change."""
-    from currytrain.estimate import GiB, device_memory, estimate_memory
+    """Refuse a run that cannot fit, with the estimate (currytrain/estimate.py) and what to change: the layouts of
+    the same ranks that fit (the advisor's per-rank prediction), model.ac=full, or smaller sizes."""
+    from currytrain.estimate import GiB, count_split_parameters, device_memory, estimate_memory, on_gpu, predict
 
     available, where = device_memory(cfg.trainer.device)
+    world, layout = launched_world_size(cfg.parallel.nproc), run_layout(cfg)
     try:
         estimate = estimate_memory(cfg, limit=available)
+        # The per-layout prediction for several ranks, or to say what fits instead (it builds the model on meta again).
+        split = layout is not None and not estimate.rough and (world > 1 or estimate.total > available)
+        counts = count_split_parameters(cfg.model) if split else None
     except (OverflowError, RuntimeError, TypeError, ValueError, MemoryError) as error:  # sizes beyond what torch can even describe
         sizes = " / ".join(f"model.{key}={cfg.model[key]}" for key in ("dim", "n_layers", "vocab_size", "mlp_hidden", "max_seq_len") if key in cfg.model)
         return [f"the model cannot be built at this size ({sizes}: {str(error).splitlines()[0][:200]}): lower the sizes (or choose model/size)"]
-    if estimate.total <= available:
+    # On the CPU every rank of the run shares this machine's RAM; on GPUs each rank has its own device.
+    sharing = 1 if on_gpu(cfg.trainer.device) else world
+    per_rank = estimate.total if counts is None or world == 1 else predict(cfg, layout, *counts).peak + estimate.data
+    if per_rank * sharing <= available:
         return []
-    return [
-        f"the run needs about {estimate.describe()}, more than {where} holds ({available / GiB:,.1f} GiB): "
-        "lower model.dim / model.n_layers / model.mlp_hidden (or model/size), lower trainer.batch_size "
-        "(raise trainer.grad_accum to keep the batch), or set model.ac=full" + (", or lower data.num_tokens" if estimate.data else "")
+    need = estimate.describe() if counts is None or world == 1 else f"{per_rank / GiB:,.1f} GiB per rank ({layout.name})"
+    holds = f"{where} ({available / GiB:,.1f} GiB)" if sharing == 1 else f"{where} ({available / GiB:,.1f} GiB), which its {sharing} ranks share"
+    fixes = _layouts_that_fit(cfg, world, available // sharing, counts) if counts is not None else []
+    shrink = "lower model.dim / model.n_layers / model.mlp_hidden (or model/size), lower trainer.batch_size (raise trainer.grad_accum to keep the batch)" + (
+        ", or lower data.num_tokens" if estimate.data else ""
+    )
+    return [f"the run needs about {need}, more than {holds}: " + "; ".join([*fixes, shrink if fixes else shrink + ", or set model.ac=full"])]
+
+
+def run_layout(cfg: DictConfig):
+    """The run's own parallel layout (currytrain.estimate.Layout), or None when its degrees do not resolve (their
+    own check says why) or the config has no parallel group (a run folder's plain resolved.yaml has one)."""
+    from currytrain.estimate import Layout
+
+    parallel = cfg.parallel
+    if "nproc" not in parallel or "zero_stage" not in parallel:
+        return None
+    world = launched_world_size(parallel.nproc)
+    if ParallelDims.problems(parallel, "parallel", world):
+        return None
+    dims = ParallelDims.resolve(parallel, world)
+    return Layout(dims.dp_size, parallel.zero_stage, tp=dims.tp, pp=dims.pp, cp=dims.cp, ep=dims.ep)
+
+
+def _layouts_that_fit(cfg: DictConfig, world: int, budget: int, counts) -> list[str]:
+    """The fixes `currytrain advise` would offer: layouts of `world` ranks that validation accepts and whose predicted
+    peak per rank fits in `budget` bytes, with their overrides; else model.ac=full where that makes one fit."""
+    from currytrain.estimate import GiB, candidate_layouts, predict
+
+    offered = []
+    for layout in candidate_layouts(cfg, world) if world > 1 else []:
+        candidate = OmegaConf.merge(cfg, OmegaConf.from_dotlist(layout.overrides(world)))
+        if not parallel_problems(candidate):
+            offered.append((layout, predict(candidate, layout, *counts)))
+    own = run_layout(cfg)
+    offered.append((own, predict(cfg, own, *counts)))
+    changed = lambda layout: [o for o in layout.overrides(world) if OmegaConf.select(cfg, o.split("=")[0]) != int(o.split("=")[1])]  # noqa: E731
+    fits = [
+        f"{layout.name} ({prediction.peak / GiB:,.2f} GiB per rank): pass {' '.join(changed(layout))}"
+        for layout, prediction in offered
+        if prediction.peak <= budget
     ]
+    if fits:
+        return ["layouts of these ranks that fit (currytrain advise): " + ", ".join(fits[:3])]
+    with_ac = [(layout, prediction) for layout, prediction in offered if prediction.peak_ac <= budget]
+    if with_ac:
+        layout, prediction = with_ac[0]
+        return [
+            f"with activation checkpointing it fits ({layout.name}, {prediction.peak_ac / GiB:,.2f} GiB per rank): pass {' '.join(['model.ac=full', *changed(layout)])}"
+        ]
+    return []
 
 
 def _check_fabric_precision(cfg: DictConfig) -> list[str]:

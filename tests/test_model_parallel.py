@@ -256,18 +256,18 @@ def test_advise_command_prints_a_table_and_json(capsys):
     result = json.loads(capsys.readouterr().out)
     by_name = {row["layout"]: row for row in result["layouts"]}
     # The ZeRO ladder shards what it says: optimizer state, then gradients, then parameters.
-    assert by_name["zero18"]["optimizer"] * 8 == pytest.approx(by_name["ddp8"]["optimizer"], rel=1e-6)
-    assert by_name["zero28"]["grads"] < by_name["zero18"]["grads"] and by_name["fsdp8"]["params"] < by_name["zero28"]["params"]
-    assert by_name["fsdp4 x tp2"]["comm_bytes"] > 0 and result["recommended"] in by_name and result["reasons"]
+    assert by_name["dp8 zero1"]["optimizer"] * 8 == pytest.approx(by_name["dp8 ddp"]["optimizer"], rel=1e-6)
+    assert by_name["dp8 zero2"]["grads"] < by_name["dp8 zero1"]["grads"] and by_name["dp8 fsdp"]["params"] < by_name["dp8 zero2"]["params"]
+    assert by_name["dp4 fsdp x tp2"]["comm_bytes"] > 0 and result["recommended"] in by_name and result["reasons"]
     assert main(["advise", "--gpus", "2"]) == 0
     assert "per-rank memory" in capsys.readouterr().out
 
 
 ADVISED = {
     # (advise's overrides and ranks): layouts it must offer, layouts validation refuses
-    "gqa": (["trainer.grad_accum=2", "--gpus", "4"], {"fsdp2 x tp2", "ddp2 x pp2", "ddp2 x cp2"}, {"tp4", "pp4"}),
-    "moe": (["model=moe", "--gpus", "4"], {"ddp4 x ep2", "ddp4 x ep4"}, {"fsdp2 x tp2", "ddp2 x pp2", "ddp2 x cp2"}),
-    "moe at 2": (["model=moe", "model.shared_expert=true", "--gpus", "2"], {"tp2", "ddp2 x ep2"}, {"pp2", "cp2"}),
+    "gqa": (["trainer.grad_accum=2", "--gpus", "4"], {"dp2 fsdp x tp2", "dp2 ddp x pp2", "dp2 ddp x cp2"}, {"tp4", "pp4"}),
+    "moe": (["model=moe", "--gpus", "4"], {"dp4 ddp x ep2", "dp4 ddp x ep4"}, {"dp2 fsdp x tp2", "dp2 ddp x pp2", "dp2 ddp x cp2"}),
+    "moe at 2": (["model=moe", "model.shared_expert=true", "--gpus", "2"], {"tp2", "dp2 ddp x ep2"}, {"pp2", "cp2"}),
 }
 
 

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from currytrain.check.stage import Finding, StageContext, Status
 from currytrain.components import build_components
-from currytrain.conf import CONF_DIR
+from currytrain.conf import app_config, app_root
 from currytrain.errors import Aborted, ConfigError, RunFailed
 from currytrain.journal import Journal
 from currytrain.logger.base import RunGroup, group_name, read_group, record_group
@@ -114,8 +114,8 @@ def recompose(ctx: StageContext, overrides: list[str]) -> DictConfig:
 @contextlib.contextmanager
 def hydra_context():
     """(config loader, root config name) of the running Hydra app (launch.py, or a project's app with its own
-    search path); outside one (a worker process of parallel.nproc > 1, the `currytrain` command, a test), of
-    curryTrain's conf/. The schemas must be in Hydra's ConfigStore: the entry points store them
+    search path); outside one (a worker process of parallel.nproc > 1, the `currytrain` command, a test), of the
+    app the working directory belongs to (currytrain.conf.app_root), else of curryTrain's conf/. The schemas must be in Hydra's ConfigStore: the entry points store them
     (currytrain.config.register_configs), which this layer, below the config root, does not import."""
     from hydra import initialize_config_dir
     from hydra.core.config_store import ConfigStore
@@ -126,8 +126,9 @@ def hydra_context():
         yield GlobalHydra.instance().config_loader(), HydraConfig.get().job.config_name if HydraConfig.initialized() else "config"
         return
     assert "root_schema.yaml" in ConfigStore.instance().repo, "register_configs() must run before a sub-run composes"
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        yield GlobalHydra.instance().config_loader(), "config"
+    config_dir, config_name = app_config(app_root())  # a project's worker: the project's tree, as its launch.py
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        yield GlobalHydra.instance().config_loader(), config_name
 
 
 def arm_config(ctx: StageContext, overrides: list[str]) -> tuple[DictConfig, list[str]]:
