@@ -8,21 +8,37 @@ Jobs raise typed outcomes (currytrain.errors); only run_app turns them into exit
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from currytrain.errors import EXIT_CONFIG_ERROR, EXIT_SIGNAL_BASE, Interrupted, Outcome, PastHydra, Pruned
+from currytrain.errors import (
+    EXIT_CONFIG_ERROR,
+    EXIT_SIGNAL_BASE,
+    Aborted,
+    ConfigError,
+    ConfigRejected,
+    Interrupted,
+    Outcome,
+    PastHydra,
+    Pruned,
+    RunFailed,
+    format_problems,
+)
 
 _task_started = False
 _outcomes: list[Outcome] = []
 """Outcomes the jobs of this process raised, in order (a multirun may have several)."""
+_failed_runs: list[Path] = []
+"""Run folders of the jobs that crashed, diverged or were aborted: `currytrain diagnose` explains each."""
 
 
 def run_task(cfg: DictConfig) -> float | None:
@@ -31,9 +47,15 @@ def run_task(cfg: DictConfig) -> float | None:
     _task_started = True
     from currytrain.run import run  # torch and friends load only once a run really starts
 
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         return run(cfg)
-    except Outcome as outcome:
+    except Exception as error:
+        if not isinstance(error, Outcome) or isinstance(error, RunFailed | Aborted):
+            _failed_runs.append(run_dir)
+        if not isinstance(error, Outcome):
+            raise  # a crash: Hydra prints its traceback, and run_app the diagnose command after it
+        outcome = error
         _outcomes.append(outcome)
         # The whole command ends: a single run, or a sweep the user stopped (its other jobs must not start).
         if HydraConfig.get().mode == RunMode.RUN or isinstance(outcome, Interrupted):
@@ -64,7 +86,8 @@ def torchrun_follower() -> bool:
 
 def run_app(main: Callable[[], None]) -> None:
     """Run the `@hydra.main` function `main` and exit with the code of how it ended."""
-    from currytrain.config import CONF_DIR, broken_yaml_choices, unknown_list_choices, unparsable_overrides
+    from currytrain.conf import CONF_DIR
+    from currytrain.config import broken_yaml_choices, unknown_list_choices, unparsable_overrides
 
     if torchrun_follower():
         from currytrain.run import run_worker
@@ -76,7 +99,8 @@ def run_app(main: Callable[[], None]) -> None:
         print("\n".join(f"curryTrain: {problem}" for problem in problems), file=sys.stderr)
         sys.exit(EXIT_CONFIG_ERROR)
     try:
-        main()
+        with curry_composition_errors():
+            main()
     except PastHydra as carried:  # validation before Hydra made any folder; a SLURM job's outcome
         print(carried.error, file=sys.stderr)
         sys.exit(carried.error.exit_code)
@@ -86,9 +110,53 @@ def run_app(main: Callable[[], None]) -> None:
         print("curryTrain: interrupted (Ctrl-C); nothing was saved at this point", file=sys.stderr)
         sys.exit(EXIT_SIGNAL_BASE + signal.SIGINT)
     except SystemExit as exit_:
-        sys.exit(exit_code(exit_.code))
+        code = exit_code(exit_.code)
+        point_to_diagnose(code)
+        sys.exit(code)
     finally:
         quick_exit()
+
+
+def point_to_diagnose(code: int | str | None) -> None:
+    """After a crash, a diverged or an aborted run, the command that says what went wrong and the fix (the last
+    lines a user sees, under the traceback)."""
+    if code in (0, EXIT_CONFIG_ERROR, None):
+        return
+    for run_dir in dict.fromkeys(_failed_runs):  # a sweep's failed trials, once each
+        if (run_dir / "journal.jsonl").is_file():
+            shown = run_dir.relative_to(Path.cwd()) if run_dir.is_relative_to(Path.cwd()) else run_dir
+            print(f"curryTrain: what went wrong and the fix: currytrain diagnose {shown}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def curry_composition_errors():
+    """Inside the block Hydra reports the errors of composing the config in curryTrain's form (the key, did you
+    mean, the fix: currytrain.compose_errors) instead of its own ("To append to your config use +key=value"). Hydra
+    prints whatever its run_and_report catches and exits 1, so the translation wraps what that function runs; a job's
+    own errors, once a task started, pass through untouched."""
+    from hydra._internal import utils as hydra_utils
+
+    from currytrain.compose_errors import composition_problem
+
+    report = hydra_utils.run_and_report
+
+    def translated(func: Callable[[], Any]) -> Any:
+        def composing() -> Any:
+            try:
+                return func()
+            except Exception as error:
+                problem = None if _task_started else composition_problem(error)
+                if problem is None:
+                    raise
+                raise ConfigRejected(ConfigError(format_problems([problem]))) from None  # past Hydra's report: run_app prints it, exit 2
+
+        return report(composing)
+
+    hydra_utils.run_and_report = translated
+    try:
+        yield
+    finally:
+        hydra_utils.run_and_report = report
 
 
 def quick_exit() -> None:

@@ -140,7 +140,8 @@ def compose_config(overrides: list[str]) -> DictConfig:
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
-    from currytrain.errors import ConfigError
+    from currytrain.compose_errors import composition_problem
+    from currytrain.errors import ConfigError, format_problems
 
     config_dir, config_name = app_config(enter_app())
     register_configs()
@@ -148,7 +149,7 @@ def compose_config(overrides: list[str]) -> DictConfig:
         try:
             return compose(config_name=config_name, overrides=overrides)
         except HydraException as error:
-            raise ConfigError(str(error).split("\nConfig search path:")[0]) from None
+            raise ConfigError(format_problems([composition_problem(error) or str(error).split("\nConfig search path:")[0]])) from None
 
 
 def unparsable_overrides(args: list[str]) -> list[str]:

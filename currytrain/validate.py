@@ -11,7 +11,6 @@ writes nothing; the error it raises becomes exit code 2 in launch.py.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from currytrain.build import target_problems
+from currytrain.compose_errors import unknown_key_problem
 from currytrain.data.base import BYTE_VOCAB, PROBE_SPECIAL_TOKENS
 from currytrain.data.config import DigitsConfig, ProbeConfig, TabularConfig
 from currytrain.errors import ConfigError, ConfigRejected, format_problems
@@ -54,16 +54,18 @@ def _is(node: DictConfig, schema: type) -> bool:
 
 def _unknown_keys(node: DictConfig, schema: type, path: str) -> list[str]:
     """Keys a `+key=value` override added that no field of the schema declares (they would be ignored)."""
-    known = [f.name for f in dataclasses.fields(schema)]
-    problems = []
-    for key in node.keys():
-        if key in known or (not path and key == "hydra"):
-            continue
-        where = f"{path}.{key}" if path else str(key)
-        near = difflib.get_close_matches(str(key), known, n=1)
-        fix = f"did you mean {path + '.' if path else ''}{near[0]}?" if near else f"valid keys: {sorted(k for k in known if not k.startswith('_'))}"
-        problems.append(f"{where} is not a field of {schema.__name__}, so it would be ignored: remove it; {fix}")
-    return problems
+    known = {f.name for f in dataclasses.fields(schema)}
+    unknown = [key for key in node.keys() if key not in known and not (not path and key == "hydra")]
+    return [unknown_key_problem(f"{path}.{key}" if path else str(key), schema, value=_shown(node, key), added=True) for key in unknown]
+
+
+def _shown(node: DictConfig, key: Any) -> Any:
+    """A value as an override would write it (None when it cannot be read)."""
+    try:
+        value = node[key]
+    except OmegaConfBaseException:
+        return None
+    return str(value).lower() if isinstance(value, bool) else value if not isinstance(value, DictConfig | ListConfig) else None
 
 
 def check_tree(node: DictConfig, path: str = "") -> list[str]:

@@ -58,6 +58,7 @@ def process_state(argv: list[str]) -> Iterator[None]:
     GlobalHydra.instance().clear()
     app._task_started = False
     app._outcomes.clear()
+    app._failed_runs.clear()
     quick_exit, app.quick_exit = app.quick_exit, lambda: None  # it readies a process's exit, which does not come here
     try:
         with warnings.catch_warnings():

@@ -38,6 +38,8 @@ def test_a_crash_is_journaled_with_its_traceback_and_exits_1(tmp_path):
     assert failure["error"] == "RuntimeError" and "logger exploded at step 3" in failure["message"]
     assert "log_metrics" in failure["traceback"]
     assert not _events(run_dir, "finish")
+    # The last line a user sees, under the traceback, is the command that explains the crash.
+    assert result.stderr.rstrip().splitlines()[-1] == f"curryTrain: what went wrong and the fix: currytrain diagnose {run_dir}"
 
 
 @pytest.mark.slow
