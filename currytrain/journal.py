@@ -12,6 +12,7 @@ import datetime as dt
 import json
 import math
 import platform
+import shlex
 import socket
 import subprocess
 import sys
@@ -120,6 +121,22 @@ class Journal:
 
     def event(self, kind: str, **fields: Any) -> None:
         self._write({"type": kind, "time": _now(), **fields})
+
+
+RESUME_KEYS = ("hydra.run.dir", "trainer.resume")
+"""The overrides resume_command sets itself."""
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that continues the run in `run_dir` from its newest complete checkpoint, in the same folder: the
+    overrides it was launched with (its journal's header), then hydra.run.dir=<run_dir> trainer.resume=auto."""
+    path = Path(run_dir) / "journal.jsonl"
+    try:
+        header = next((r for r in read_journal(path) if r.get("type") == "header"), {}) if path.is_file() else {}
+    except (OSError, ValueError):
+        header = {}
+    kept = [o for o in header.get("overrides") or [] if o.partition("=")[0].lstrip("+~") not in RESUME_KEYS]
+    return shlex.join(["python", "launch.py", *kept, f"hydra.run.dir={Path(run_dir).resolve()}", "trainer.resume=auto"])
 
 
 def read_journal(path: Path) -> list[dict]:

@@ -78,6 +78,8 @@ def run(cfg: DictConfig) -> float | None:
     # Hydra wrote into the folder; a multirun's job (a sweep trial) takes it here.
     lock = holding(run_dir) or acquire(run_dir)
     try:
+        if cfg.trainer.resume in ("latest", "auto"):
+            choose_resume(cfg, run_dir, runs_root(hydra_cfg))
         resolved_path = write_run_record(cfg, run_dir, list(hydra_cfg.overrides.task), Path(hydra_cfg.runtime.cwd))
         record_group(Journal(run_dir / "journal.jsonl"), job_group(hydra_cfg, run_dir))  # a sweep's trial: the trackers group it
         if lock.took_over is not None:
@@ -85,6 +87,55 @@ def run(cfg: DictConfig) -> float | None:
         return start_workers(cfg, resolved_path)
     finally:
         lock.release()
+
+
+def runs_root(hydra_cfg: DictConfig) -> Path:
+    """The folder Hydra makes this app's run folders in: the part of hydra.run.dir (hydra.sweep.dir for -m) before
+    its first interpolation (runs/ of `runs/${now:...}/${now:...}`), or the parent of a literal run folder."""
+    from hydra.types import RunMode
+
+    node = hydra_cfg.sweep if hydra_cfg.mode == RunMode.MULTIRUN else hydra_cfg.run
+    raw = str(node._get_node("dir")._value())
+    fixed = raw.split("${", 1)[0]
+    root = Path(fixed) if "${" in raw else Path(raw).parent
+    return root if root.is_absolute() else Path(hydra_cfg.runtime.cwd) / root
+
+
+def choose_resume(cfg: DictConfig, run_dir: Path, root: Path) -> None:
+    """trainer.resume=latest: the newest run folder under `root` with a checkpoint of this experiment and config (the
+    keys weights.FREE_ON_LATEST aside) becomes trainer.resume, said at WARNING; none: a fresh start, said too, with
+    the nearest run and how it differs. trainer.resume=auto in a folder Hydra just made: a warning that names the run
+    that trainer.resume=latest would continue."""
+    from currytrain.weights import checkpoint_step, find_checkpoint, latest_resumable
+
+    log = logging.getLogger(__name__)
+    if cfg.trainer.resume == "auto" and find_checkpoint(run_dir) is not None:
+        return
+    found, nearest = latest_resumable(root, {key: value for key, value in OmegaConf.to_container(cfg, resolve=True).items() if key != "hydra"})
+    step = checkpoint_step(find_checkpoint(found)) if found is not None else None
+    if cfg.trainer.resume == "auto":
+        if found is not None and found.resolve() != run_dir.resolve():
+            log.warning(
+                "trainer.resume=auto continues this run folder, %s, which has no checkpoint (Hydra made it for this launch): starting fresh. "
+                "To continue the newest run of this config (%s, step %s), pass trainer.resume=latest",
+                run_dir,
+                found,
+                step,
+            )
+        return
+    if found is None:
+        differs = f"; the nearest, {nearest[0]}, differs in {', '.join(nearest[1][:6])}" if nearest else ""
+        log.warning("trainer.resume=latest: no run folder under %s holds a checkpoint of this experiment and config: starting fresh%s", root, differs)
+        cfg.trainer.resume = "none"
+        return
+    if step is not None and step >= cfg.trainer.max_steps:
+        raise ConfigError(
+            f"trainer.resume=latest found {found} at step {step}, and trainer.max_steps={cfg.trainer.max_steps} leaves nothing to train: "
+            f"pass trainer.max_steps=<more than {step}>"
+        )
+    same_folder = found.resolve() == run_dir.resolve()
+    log.warning("trainer.resume=latest: continuing %s from its step %s%s", found, step, "" if same_folder else f", in the new run folder {run_dir}")
+    cfg.trainer.resume = "auto" if same_folder else str(found)
 
 
 def journal_takeover(run_dir: Path, took_over: dict) -> None:

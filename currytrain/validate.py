@@ -183,6 +183,8 @@ def _check_run_dir(cfg: DictConfig, run_dir: str | None) -> list[str]:
                 "or choose another run folder (hydra.run.dir, or hydra.sweep.dir for -m)"
             ]
         return []
+    if resume == "latest":  # a run of this very experiment and config, found when the run starts (run.choose_resume)
+        return []
     checkpoint = resume_checkpoint(resume, run_dir)
     if checkpoint is None:
         if resume not in ("none", "auto"):  # auto with nothing saved yet starts fresh

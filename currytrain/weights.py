@@ -219,6 +219,65 @@ def config_changes(saved: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str
     return {key: {"checkpoint": theirs.get(key), "now": ours.get(key)} for key in keys if ours.get(key) != theirs.get(key)}
 
 
+FREE_ON_LATEST = (
+    "trainer.resume",
+    "trainer.resume_mode",
+    "trainer.max_steps",
+    "trainer.progress",
+    "trainer.progress_every",
+    "trainer.log_every",
+    "trainer.eval_every",
+    "trainer.eval_batches",
+    "trainer.checkpoint_every",
+    "trainer.keep_last",
+    "trainer.checkpoint_on_signal",
+    "trainer.compile",
+    "trainer.compile_cache",
+    "logger.",
+    "abort.",
+    "check.",
+    "sweep.",
+    "cost.",
+    "hydra.",
+)
+"""Keys (and prefixes) in which a run may differ from an earlier one and still continue it under trainer.resume=latest:
+how long, how often it logs, evaluates and saves, where it reports. Any other difference is another experiment."""
+RUN_DEPTH = 4
+"""How deep under the runs folder trainer.resume=latest looks for run folders (runs/multirun/<date>/<time>/<n>)."""
+
+
+def experiment_differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """The keys in which config `now` is another experiment than `saved` (FREE_ON_LATEST aside)."""
+    return [key for key in config_changes(saved, now) if not key.startswith(FREE_ON_LATEST)]
+
+
+def run_folders(root: Path, depth: int = RUN_DEPTH) -> list[Path]:
+    """The run folders (those with resolved.yaml) under root, not looking inside one (a ladder's sub-runs)."""
+    root = Path(root)
+    if (root / RESOLVED).is_file():
+        return [root]
+    if depth == 0 or not root.is_dir():
+        return []
+    return [run for child in sorted(root.iterdir()) if child.is_dir() and not child.is_symlink() for run in run_folders(child, depth - 1)]
+
+
+def latest_resumable(root: Path, now: Mapping[str, Any]) -> tuple[Path | None, tuple[Path, list[str]] | None]:
+    """(the run folder under root whose newest complete checkpoint is the newest among the runs of config `now`'s
+    experiment, or None; when none, the run with a checkpoint that differs in the fewest keys, with those keys)."""
+    runs = []
+    for run in run_folders(root):
+        checkpoint = find_checkpoint(run)
+        saved = saved_config_of(checkpoint) if checkpoint is not None else None
+        if saved is not None:
+            runs.append((checkpoint.stat().st_mtime, run, experiment_differences(saved, now)))
+    runs.sort(key=lambda entry: entry[0], reverse=True)
+    same = next((run for _, run, differences in runs if not differences), None)
+    if same is not None or not runs:
+        return same, None
+    _, nearest, differences = min(runs, key=lambda entry: len(entry[2]))
+    return None, (nearest, differences)
+
+
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     if not isinstance(tree, Mapping):
         return {prefix: tree}

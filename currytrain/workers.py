@@ -33,7 +33,7 @@ from typing import Any
 
 from currytrain.cluster import slurm
 from currytrain.errors import Aborted, ConfigError, GateFailed, Interrupted, Outcome, Pruned, RunFailed, exit_code_of
-from currytrain.journal import Journal
+from currytrain.journal import Journal, resume_command
 from currytrain.weights import RESOLVED
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ def launch_workers(entry: WorkerEntry, resolved_path: Path, nproc: int, hang_tim
         name = signal.Signals(error.sigval).name
         Journal(run_dir / "journal.jsonl").event("interrupted", signal=name, checkpoint=None, by="launcher")
         raise Interrupted(
-            f"stopped by {name}: the workers were stopped at once, without a checkpoint; continue from the newest with trainer.resume=auto",
+            f"stopped by {name}: the workers were stopped at once, without a checkpoint; continue from the newest: {resume_command(run_dir)}",
             error.sigval,
         ) from None
     return results[0]
@@ -159,7 +159,7 @@ class HangWatch:
             self.verdict = (
                 f"the run hung: rank {rank} stopped at step {beat['step']}, {PHASE_WORDS.get(beat['phase'], beat['phase'])}, "
                 f"and no worker has moved for {waited} s (parallel.hang_timeout={self.timeout:g}), so every worker was stopped. "
-                f"See workers/rank_{rank}.stderr and `currytrain diagnose`; continue with trainer.resume=auto"
+                f"See workers/rank_{rank}.stderr and `currytrain diagnose {self.run_dir}`; continue: {resume_command(self.run_dir)}"
             )
             Journal(self.run_dir / "journal.jsonl").event("worker_hung", rank=rank, step=beat["step"], phase=beat["phase"], seconds=waited)
             log.error("%s", self.verdict)

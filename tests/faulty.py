@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from collections.abc import Mapping
 
@@ -81,6 +82,22 @@ class SlowLogger(_QuietLogger):
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         time.sleep(self.seconds)
+
+
+class StallingLogger(_QuietLogger):
+    """A logger that, at step `at`, sleeps `factor` times the median seconds per step logged before it: one step far
+    slower than the others (another process taking the cores for a moment), which the next fetch's seconds show,
+    whatever the machine's own pace."""
+
+    def __init__(self, run_dir: str, at: int = 8, factor: float = 10.0):
+        self.at, self.factor, self.seconds = at, factor, []
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        if "train/step_seconds" not in metrics:  # the memory and eval metrics
+            return
+        if step == self.at:
+            time.sleep(self.factor * statistics.median(self.seconds))
+        self.seconds.append(metrics["train/step_seconds"])
 
 
 class HangingBytes(StdlibBytes):

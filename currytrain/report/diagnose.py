@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from currytrain.cluster import slurm
+from currytrain.journal import resume_command
 from currytrain.report.runs import Run, load_run
 
 OOM_SIGNS = ("out of memory", "OutOfMemoryError", "MemoryError", "can't allocate memory", "DefaultCPUAllocator")
@@ -87,7 +88,7 @@ def check_killed(run: Run) -> Finding | None:
 
 
 def _resume_fix(run: Run) -> str:
-    return f"continue from the last complete checkpoint: python launch.py hydra.run.dir={run.path} trainer.resume=auto (same overrides)"
+    return f"continue from the last complete checkpoint: {resume_command(run.path)}"
 
 
 def check_nan(run: Run) -> Finding | None:

@@ -48,7 +48,10 @@ class TrainerConfig:
     keep_last: int = bounded(2, ge=1)
     """Complete checkpoints kept in <run>/checkpoints; older ones are deleted."""
     resume: str = "none"
-    """none, auto (latest complete checkpoint of this run folder), or a path to a run folder or checkpoint.
+    """none, auto (latest complete checkpoint of this run folder), latest (the newest run folder under runs/ with a
+    checkpoint of this same experiment and config: only how long it runs, how often it logs, evaluates and saves,
+    and where it reports may differ; it continues into the new run folder, and says which at WARNING), or a path to a
+    run folder or checkpoint.
     The config may differ from the checkpoint's: what can be applied (batch size, grad_accum, lr and schedule,
     max_steps, data, loggers...) is applied, printed and journaled (`changed_on_resume`, both values); what cannot
     (another model shape, another optimizer or its state's keys) exits 2 naming each difference and the fix."""
@@ -72,7 +75,10 @@ class TrainerConfig:
     where it is clearly faster (the CPU's 16-bit backward is slow at short sequences); elsewhere autocast. The
     journal's `attention_precision` event says which and why; a resumed run keeps its checkpoint's choice."""
     progress: bool = True
-    """Show the rich progress bar (step, loss, tokens/s, ETA)."""
+    """Show progress (step, loss, tokens/s, ETA): a rich bar on a terminal; when the output goes to a file or a pipe
+    (nohup, SLURM, tee), a log line every trainer.progress_every seconds instead. False shows neither."""
+    progress_every: float = bounded(30.0, gt=0)
+    """Seconds between progress lines when the output is not a terminal (the first and the last step print one too)."""
     compile: Any = False
     """true, false or auto. true: torch.compile the model and the loss (inductor; on CPU it needs a C++ compiler): as
     one graph in one process, block by block under parallelism (docs/performance.md). The first step pays the

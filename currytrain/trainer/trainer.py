@@ -21,7 +21,7 @@ from currytrain.components import Components, build_components
 from currytrain.data import HasEvalMetrics
 from currytrain.errors import Aborted, ConfigError, Interrupted, Pruned, RunFailed
 from currytrain.eval.loop import InLoopEvaluation
-from currytrain.journal import Journal, read_journal
+from currytrain.journal import Journal, read_journal, resume_command
 from currytrain.logger.base import MultiLogger, ending_status
 from currytrain.model.protocol import HasTrainingMetrics, full
 from currytrain.optim.builders import schedule_lambda
@@ -161,11 +161,11 @@ class Trainer:
         elif self.auto_compile:
             self.start_auto_compile()
         started = self.fetched_at = time.perf_counter()
-        progress = Progress(self.cfg.max_steps, self.step, enabled=self.cfg.progress and self.state.is_main)
+        progress = Progress(self.cfg.max_steps, self.step, enabled=self.cfg.progress and self.state.is_main, every_seconds=self.cfg.progress_every)
         with progress, self.stop_signals.installed(handled_signals(self.state.world_size)):
             while self.step < self.cfg.max_steps:
                 metrics = self.train_step()
-                progress.update(self.step, metrics["train/loss"], metrics["train/tokens_per_s"])
+                progress.update(self.step, metrics, fetched=not self.pending)
                 if (signum := self.agreed_stop()) is not None:
                     self.stop_on_signal(signum)
         val_loss = self.evaluate()
@@ -236,11 +236,14 @@ class Trainer:
                 return metrics
         if step % cfg.eval_every == 0 and step != cfg.max_steps:
             metrics["val/loss"] = self.evaluate()
+            self.fetched_at = time.perf_counter()  # eval time is not the next steps' training time (their tokens/s)
         if self.downstream is not None and self.downstream.due(step) and step != cfg.max_steps:
             metrics.update(self.downstream.evaluate(step))
+            self.fetched_at = time.perf_counter()
         # 8. checkpoint
         if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.max_steps:
             self.save_checkpoint()
+            self.fetched_at = time.perf_counter()
         # 9. hooks: abort conditions, sweep pruning, ladder probes
         self.act_on(decide(self.hooks, step, metrics))
         self.heartbeat.beat(step, "done")
@@ -431,7 +434,7 @@ class Trainer:
             path = self.save_checkpoint() if self.saved_step != self.step else self.checkpointer.folder / f"step_{self.step}"
         saved = f"checkpoint {path.relative_to(self.run_dir)} saved" if path else "no checkpoint saved (trainer.checkpoint_on_signal=false)"
         self.journal.event("interrupted", step=self.step, signal=signum.name, checkpoint=str(path.relative_to(self.run_dir)) if path else None)
-        raise Interrupted(f"stopped by {signum.name} after step {self.step}: {saved}. Continue with trainer.resume=auto (same run folder)", signum)
+        raise Interrupted(f"stopped by {signum.name} after step {self.step}: {saved}. Continue it: {resume_command(self.run_dir)}", signum)
 
     def intact_checkpoint(self, location: Path) -> Path | None:
         """The newest checkpoint at `location` whose files match their checksums; each newer one that does
@@ -446,7 +449,7 @@ class Trainer:
 
     def maybe_resume(self) -> bool:
         """Load the checkpoint trainer.resume points at (the newest intact one); True when the run continues from one."""
-        if self.cfg.resume == "none":
+        if self.cfg.resume in ("none", "latest"):  # latest: run.choose_resume names the run before a worker starts
             return False
         location = self.run_dir if self.cfg.resume == "auto" else Path(self.cfg.resume).expanduser()
         path = self.intact_checkpoint(location)

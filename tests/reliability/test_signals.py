@@ -5,6 +5,7 @@ uninterrupted run (test_kill_resume.py's)."""
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -54,9 +55,10 @@ def test_a_signal_saves_journals_and_resumes_to_the_uninterrupted_weights(signum
     assert f"stopped by {signal.Signals(signum).name} after step {step}: checkpoint checkpoints/step_{step} saved" in result.stderr
     assert step < 8, "the run stopped early"
 
-    resumed = subprocess.run(
-        [sys.executable, str(ROOT / "launch.py"), *TINY, *RUN, "trainer.resume=auto", f"hydra.run.dir={run_dir}"], cwd=ROOT, capture_output=True, text=True
-    )
+    # The message ends with the command that continues the run, as typed into a shell: it is run as written.
+    command = shlex.split(result.stderr.split("Continue it: ", 1)[1].splitlines()[0])
+    assert command[:2] == ["python", "launch.py"] and command[-2:] == [f"hydra.run.dir={run_dir.resolve()}", "trainer.resume=auto"]
+    resumed = subprocess.run([sys.executable, str(ROOT / "launch.py"), *command[2:]], cwd=ROOT, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     events = _journal(run_dir)
     assert [e["step"] for e in events if e["type"] == "resume"] == [step]
