@@ -4,7 +4,7 @@
     currytrain scaffold NAME [--kind lm|classifier|custom] [--from gqa]   a new idea inside a project
     currytrain hf import SRC [--out DIR]     a Hugging Face checkpoint (folder or Hub id) -> curryTrain folder
     currytrain hf export RUN OUTDIR          a curryTrain run or import folder -> Hugging Face folder
-    currytrain journal RUN                   a run's journal as a timeline
+    currytrain journal RUN [--plot]          a run's journal as a timeline (and its curves.png)
     currytrain verify RUN                    each checkpoint against its checksums (exit 1 if one fails)
     currytrain compare RUN_OR_SWEEP [...]    runs grouped by config, paired/Welch verdicts with p, report.md
     currytrain diagnose RUN [--json]         what went wrong, and the fix (a multirun: each SLURM job's state)
@@ -113,6 +113,11 @@ def _journal(args: argparse.Namespace) -> None:
     if not path.is_file():
         raise ConfigError(f"{args.run} has no {JOURNAL}: pass a run folder or its journal file")
     print("\n".join(timeline(read_journal(path))))
+    if args.plot:
+        from currytrain.report.figure import plot_run
+
+        figure = plot_run(path.parent)
+        print(f"figure: {figure}" if figure else f"no figure: {path} logged fewer than 2 steps")
 
 
 def _verify(args: argparse.Namespace) -> None:
@@ -287,6 +292,7 @@ def _add_runs(commands: argparse._SubParsersAction) -> None:
 
     journal = commands.add_parser("journal", help="print a run's journal as a readable timeline")
     journal.add_argument("run", help="a run folder (or its journal.jsonl)")
+    journal.add_argument("--plot", action="store_true", help="also draw curves.png beside the journal: train and val loss, lr, grad norm, tokens/s")
     journal.set_defaults(handler=_journal)
 
     verify = commands.add_parser("verify", help="check a run's checkpoints against the checksums written when they were saved")

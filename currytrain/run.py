@@ -209,12 +209,25 @@ def run_worker(resolved_path: Path) -> float | None:
             val_loss = Trainer(cfg, run_dir, state, hooks=build_hooks(cfg)).train()
     except BaseException as error:
         journal_outcome(journal, error)
+        if journal.enabled and not isinstance(error, KeyboardInterrupt):
+            draw_curves(run_dir)  # where a crashed or diverged run went wrong
         if (explained := storage_failure(error)) is not None:
             raise explained from error
         raise
     if journal.enabled:
+        draw_curves(run_dir)
         print(f"final val loss {val_loss:.4f} nats/token | run folder: {run_dir}")
     return val_loss
+
+
+def draw_curves(run_dir: Path) -> None:
+    """curves.png beside the journal (currytrain.report.figure); a figure that cannot be drawn never fails the run."""
+    from currytrain.report.figure import MIN_POINTS_AT_END, plot_run
+
+    try:
+        plot_run(run_dir, min_points=MIN_POINTS_AT_END)
+    except Exception as error:  # a full disk, a broken matplotlib: the run's result stands
+        logging.getLogger(__name__).warning("could not draw %s/curves.png: %s", run_dir, error)
 
 
 def build_hooks(cfg: DictConfig) -> list:

@@ -82,3 +82,22 @@ def test_the_resume_command_is_the_launch_with_the_run_folder_and_auto(tmp_path)
     command = shlex.split(resume_command(tmp_path))
     assert command[:2] == ["python", "launch.py"] and command[-2:] == [f"hydra.run.dir={tmp_path.resolve()}", "trainer.resume=auto"]
     assert "+logger.odd={_target_:tests.faulty.SlowLogger,seconds:0}" in command and all(o in command for o in TINY)
+
+
+def test_a_run_draws_its_curves_beside_the_journal_and_journal_plot_draws_any(tmp_path, capsys):
+    from matplotlib.image import imread
+
+    from currytrain.cli import main as currytrain_main
+    from currytrain.report.figure import MIN_POINTS_AT_END, run_series
+
+    long, short = tmp_path / "long", tmp_path / "short"
+    assert launch(f"trainer.max_steps={MIN_POINTS_AT_END}", "logger=[jsonl]", f"hydra.run.dir={long}").returncode == 0
+    assert imread(long / "curves.png").shape[:2] == (440, 720)  # 2 x 2 panels, 9 x 5.5 inches at 80 dpi
+    series = run_series(read_journal(long / "journal.jsonl"))
+    assert series["train/loss"][0] == list(range(1, MIN_POINTS_AT_END + 1)) and series["val/loss"][0] == [3, 6, 9, MIN_POINTS_AT_END]
+    assert {"train/lr", "train/grad_norm", "train/tokens_per_s"} <= set(series)
+
+    assert launch("logger=[jsonl]", f"hydra.run.dir={short}").returncode == 0  # 6 logged steps: no figure at the end
+    assert not (short / "curves.png").exists()
+    assert currytrain_main(["journal", str(short), "--plot"]) == 0
+    assert f"figure: {short / 'curves.png'}" in capsys.readouterr().out and (short / "curves.png").is_file()
