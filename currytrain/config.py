@@ -142,14 +142,17 @@ def compose_config(overrides: list[str]) -> DictConfig:
 
     from currytrain.compose_errors import composition_problem
     from currytrain.errors import ConfigError, format_problems
+    from currytrain.validate import take_vocab_from_tokenizer
 
     config_dir, config_name = app_config(enter_app())
     register_configs()
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
         try:
-            return compose(config_name=config_name, overrides=overrides)
+            cfg = compose(config_name=config_name, overrides=overrides)
         except HydraException as error:
             raise ConfigError(format_problems([composition_problem(error) or str(error).split("\nConfig search path:")[0]])) from None
+    take_vocab_from_tokenizer(cfg)  # as launch.py's validation does before the run
+    return cfg
 
 
 def unparsable_overrides(args: list[str]) -> list[str]:

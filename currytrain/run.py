@@ -22,7 +22,7 @@ from currytrain.lock import acquire, holding
 from currytrain.logger.base import record_group
 from currytrain.parallel.dims import launched_world_size
 from currytrain.sweep.group import job_group
-from currytrain.validate import raise_on_problems, validate
+from currytrain.validate import raise_on_problems, take_vocab_from_tokenizer, validate
 from currytrain.weights import RESOLVED
 
 
@@ -68,6 +68,7 @@ def run(cfg: DictConfig) -> float | None:
         # A single run was validated by ValidateCallback.on_run_start; a multirun's jobs are composed
         # after on_multirun_start, each with its own swept values and folder, so each is checked here.
         # A bad job raises: the launcher records it and the other jobs still run.
+        take_vocab_from_tokenizer(cfg)
         raise_on_problems(validate(cfg, str(run_dir)))
         if workers.under_torchrun():
             raise ConfigError("-m under torchrun: every rank would run every job; run the sweep with launch.py alone (parallel.nproc=N starts the workers)")

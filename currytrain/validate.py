@@ -11,6 +11,7 @@ writes nothing; the error it raises becomes exit code 2 in launch.py.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,23 @@ def _data_vocab(data: DictConfig) -> tuple[int | None, str]:
             f"the probe tasks' vocabulary ({PROBE_SPECIAL_TOKENS} special tokens + data.num_symbols={data.num_symbols})",
         )
     return (data.vocab_size if "vocab_size" in data else BYTE_VOCAB), "the data's vocabulary"
+
+
+def take_vocab_from_tokenizer(cfg: DictConfig) -> None:
+    """data=tokens: a model.vocab_size below the tokenizer's vocabulary (a model that could not score its ids; the
+    sizes' default 256) becomes the tokenizer's, said in the log. Called right after composition, before validation,
+    by every path that composes (ValidateCallback, a multirun's job, currytrain.config.compose_config)."""
+    data, model = cfg.get("data"), cfg.get("model")
+    if not isinstance(data, DictConfig) or "tokenizer" not in data or not isinstance(model, DictConfig) or "vocab_size" not in model:
+        return
+    try:
+        vocab, _ = _data_vocab(data)
+        small = vocab is not None and isinstance(model.vocab_size, int) and model.vocab_size < vocab
+    except OmegaConfBaseException:  # an unreadable value: validation names it
+        return
+    if small:
+        logging.getLogger(__name__).info("model.vocab_size=%d: the vocabulary of data.tokenizer=%s (not %d)", vocab, data.tokenizer, model.vocab_size)
+        model.vocab_size = vocab
 
 
 def _check_model_and_data(cfg: DictConfig) -> list[str]:
@@ -566,6 +584,7 @@ class ValidateCallback(Callback):
     before Hydra writes into it; run.run releases it when the run ends."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        take_vocab_from_tokenizer(config)  # the task receives this config: the size it takes is the one it runs
         run_dir = OmegaConf.select(config, "hydra.run.dir")
         held = held_by_another(run_dir) if run_dir else None  # first: a folder in use explains the other problems
         self._reject(([held] if held else []) + validate(config, run_dir))
