@@ -91,3 +91,28 @@ def test_synthetic_tokens_cover_the_vocabulary():
     corpus = SyntheticTokens(seq_len=8, vocab_size=50, num_tokens=10_000, seed=1)
     x, _ = corpus.batch("train", 1, 0, 64)
     assert corpus.vocab_size == 50 and int(x.max()) < 50 and len(torch.unique(corpus.train)) == 50
+
+
+def test_text_val_split_holds_its_share_of_the_bytes_and_is_logged(tmp_path, caplog):
+    """A val split by file count can be one small file (or the one big one); the split holds val_fraction of the
+    bytes: by files chosen by size, or the tail of the bytes where no set of whole files comes near that share."""
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    (folder / "book.txt").write_text("a long book. " * 4000)  # 52,000 bytes
+    for index in range(4):
+        (folder / f"note{index}.md").write_text(f"note {index} " * 100)  # 700 bytes each
+    (folder / "chapter.md").write_text("a chapter. " * 500)  # 5,500 bytes: near a tenth of the whole
+    with caplog.at_level("INFO", logger="currytrain.data.corpus"):
+        corpus = TextFiles(paths=[str(folder)], seq_len=16, seed=0)
+    share = len(corpus.val) / (len(corpus.train) + len(corpus.val))
+    assert 0.05 <= share <= 0.2 and not set(corpus.train_files) & set(corpus.val_files)
+    assert f"text corpus: 6 files, {len(corpus.train)} train / {len(corpus.val)} val bytes; val: {len(corpus.val_files)} whole files" in caplog.text
+
+    pair = tmp_path / "pair"
+    pair.mkdir()
+    for name in ("a.txt", "b.txt"):
+        (pair / name).write_text(f"{name} " * 2000)  # two equal files: holding one out would be half the bytes
+    with caplog.at_level("INFO", logger="currytrain.data.corpus"):
+        halves = TextFiles(paths=[str(pair)], seq_len=16, seed=0)
+    assert abs(len(halves.val) / (len(halves.train) + len(halves.val)) - 0.1) < 0.01
+    assert "val: the last 10% of the bytes (no set of whole files is near that share)" in caplog.text

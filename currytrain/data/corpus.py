@@ -127,7 +127,14 @@ class TextFiles(ByteCorpus):
         max_bytes: int = 0,
         seed: int = 0,
     ):
-        super().__init__(collect_text_files(paths, suffixes), seq_len, val_fraction, max_bytes, seed)
+        files = collect_text_files(paths, suffixes)
+        super().__init__(files, seq_len, val_fraction, max_bytes, seed)
+        held_out = (
+            "the last {:.0%} of the bytes (no set of whole files is near that share)".format(val_fraction)
+            if self.val_files == self.train_files
+            else f"{len(self.val_files)} whole files"
+        )
+        log.info("text corpus: %d files, %d train / %d val bytes; val: %s", len(files), len(self.train), len(self.val), held_out)
 
 
 def collect_text_files(paths: list[str], suffixes) -> list[Path]:

@@ -72,13 +72,44 @@ class SplitPlan:
 
 
 def plan_split(files: list[Path], val_fraction: float, max_bytes: int, seed: int) -> SplitPlan:
+    """Whole files held out for val, a val_fraction share of the files; where their bytes are far from that share of
+    the bytes (a few files of very different sizes), files chosen by size instead; where no set of whole files comes
+    near it (one file, or two of equal size), the last val_fraction of the bytes."""
     if len(files) == 1:
         return SplitPlan(files, files, max_bytes, 0, single_file_cut=1 - val_fraction)
     train_files, val_files = split_files(files, val_fraction, seed)
+    if not _near_share(val_files, files, val_fraction):
+        val_files = _held_out_by_size(files, val_fraction, seed)
+        if val_files is None:
+            return SplitPlan(files, files, max_bytes, 0, single_file_cut=1 - val_fraction)
+        train_files = [path for path in files if path not in set(val_files)]
     # The byte budget is shared in proportion to the split so val stays a val_fraction share.
     train_budget = int(max_bytes * (1 - val_fraction)) if max_bytes else 0
     val_budget = max_bytes - train_budget if max_bytes else 0
     return SplitPlan(train_files, val_files, train_budget, val_budget, single_file_cut=None)
+
+
+def _near_share(val_files: list[Path], files: list[Path], val_fraction: float) -> bool:
+    """Whether val_files hold between half and twice val_fraction of the bytes of files (and at most half)."""
+    total = sum(path.stat().st_size for path in files)
+    share = sum(path.stat().st_size for path in val_files) / total if total else val_fraction
+    return val_fraction / 2 <= share <= min(2 * val_fraction, 0.5)
+
+
+def _held_out_by_size(files: list[Path], val_fraction: float, seed: int) -> list[Path] | None:
+    """Files in a seeded shuffle, each taken for val when it keeps val within twice its share of the bytes, until
+    val holds its share; None when what it gathers is not near the share."""
+    order = sorted(files)
+    random.Random(seed).shuffle(order)
+    sizes = {path: path.stat().st_size for path in order}
+    target, held, val = val_fraction * sum(sizes.values()), 0, []
+    for path in order:
+        if held >= target:
+            break
+        if held + sizes[path] <= 2 * target:
+            val.append(path)
+            held += sizes[path]
+    return val if val and len(val) < len(files) and _near_share(val, files, val_fraction) else None
 
 
 def planned_sizes(plan: SplitPlan) -> tuple[int, int]:
