@@ -290,6 +290,7 @@ def test_sweep_tpe_writes_results_report_and_resumes_to_n_trials(tmp_path):
     assert set(results["best_params"]) == {"optimizer.lr"}
     report = (sweep_dir / "report.md").read_text()
     assert report.count("| COMPLETE |") == 6 and "## Parameter importances" in report
+    assert all(f"| {t.number} | COMPLETE | {t.value:.4f} | 6 |" in report for t in study.trials)  # the step trained, past the last eval
     assert (sweep_dir / "optimization_history.png").stat().st_size > 1000
     for trial in study.trials:  # each trial ran in its own folder, and reported its eval to the study
         assert Path(trial.user_attrs["run_dir"]) == sweep_dir / str(trial.number)
@@ -430,3 +431,18 @@ def test_confirm_settings_are_checked(compose_cfg):
         compose_cfg("sweep=tpe", "sweep.confirm_top_k=2", "sweep.direction=[minimize,minimize]", "sweep.objective=[val/loss,train/loss]"), {}
     )
     assert any("multi-objective study has a Pareto front" in p for p in sweep_problems(settings, paths))
+
+
+def test_the_report_shows_the_last_step_each_trial_trained(tmp_path):
+    """Optuna's last_step is the last eval a trial reported to the pruner; the report's column is the step its run
+    trained to (its journal's), here past the last eval."""
+    from currytrain.sweep.report import trials_table
+
+    assert launch("trainer.eval_every=4", "logger=[jsonl]", f"hydra.run.dir={tmp_path / '0'}").returncode == 0
+    study = optuna.create_study()
+    trial = study.ask()
+    trial.report(2.5, 4)
+    trial.set_user_attr("run_dir", str(tmp_path / "0"))
+    study.tell(trial, 2.4)
+    assert study.trials[0].last_step == 4
+    assert "| 0 | COMPLETE | 2.4000 | 6 |" in "\n".join(trials_table(study, ["val/loss"]))

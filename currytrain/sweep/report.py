@@ -64,11 +64,26 @@ def trials_table(study: Any, objectives: Sequence[str]) -> list[str]:
         "|---" * (4 + len(objectives) + len(keys)) + "|",
     ]
     for t in trials:
-        step = t.last_step if t.last_step is not None else "-"
+        step = trained_steps(t)
         params = " | ".join(_param_text(t.params[k]) if k in t.params else "-" for k in keys)
         reason = str(t.user_attrs.get("reason", "")).replace("|", "/").replace("\n", " ")[:160]
         lines.append(f"| {t.number} | {t.state.name} | {_value_text(t)} | {step} | {params} | {reason} |")
     return lines
+
+
+def trained_steps(trial: Any) -> int | str:
+    """The last step the trial's run trained (its journal's), else the last it reported to the pruner (which sees the
+    evals only, so not a final step past the last eval), else '-'."""
+    from currytrain.journal import current, read_journal
+
+    journal = Path(trial.user_attrs.get("run_dir") or "/nonexistent") / "journal.jsonl"
+    try:
+        steps = [record["step"] for record in current(read_journal(journal)) if record.get("type") in ("metrics", "eval", "finish") and "step" in record]
+    except (OSError, ValueError, KeyError):
+        steps = []
+    if steps:
+        return max(steps)
+    return trial.last_step if trial.last_step is not None else "-"
 
 
 def importances(study: Any) -> dict[str, float] | None:
