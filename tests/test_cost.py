@@ -14,7 +14,7 @@ from currytrain.validate import validate
 
 
 def test_the_assumed_estimate_is_flops_over_mfu_of_peak_and_money_per_device_hour(compose_cfg):
-    cfg = compose_cfg("cost=h100", "cost.num_devices=8", "cost.measure=false")
+    cfg = compose_cfg("cost=h100", "cost.num_devices=8", "cost.measure=false", "cost.launch_seconds=0")  # compute-bound
     estimate = estimate_cost(cfg, tokens=2e9)
     per_token = model_flops_per_token(build_model(cfg.model), cfg.model.n_layers, cfg.model.dim, cfg.data.seq_len)
     assert estimate.flops_per_token == per_token and estimate.flops == pytest.approx(2e9 * per_token)
@@ -36,7 +36,19 @@ def test_cli_estimate_prints_json_and_refuses_an_unknown_accelerator(capsys):
     printed = json.loads(capsys.readouterr().out)
     assert printed["accelerator"] == "A100 SXM" and printed["tokens"] == 1e9 and printed["money"] > 0
     assert currytrain_main(["estimate", "--gpu", "tpu"]) == 2
-    assert "Available options in 'cost'" in capsys.readouterr().err
+    assert "cost=tpu: cost has no option 'tpu': choose from ['a100', 'cpu', 'h100']" in capsys.readouterr().err
+
+
+def test_a_small_model_on_a_large_device_is_bound_by_kernel_launches(compose_cfg):
+    """40% MFU of an H100 for a model of 30k parameters would be 10^9 tokens/s; its step launches a few hundred
+    kernels whatever their size, so the assumed time is theirs and the MFU it implies is tiny. A model large enough
+    to fill the device keeps cost.mfu."""
+    tiny = estimate_cost(compose_cfg("cost=h100", "cost.measure=false"), tokens=1e9)
+    assert tiny.method.startswith("assumed: bound by kernel launches") and "MFU of 9.89e+14 FLOP/s" in tiny.method
+    implied = tiny.tokens_per_s * tiny.flops_per_token / 989e12
+    assert implied < 0.01 and f"{implied:.2%} MFU" in tiny.method
+    large = estimate_cost(compose_cfg("cost=h100", "cost.measure=false", "model/size=small", "trainer.batch_size=64", tiny=False), tokens=1e9)
+    assert large.method.startswith("assumed: 40% MFU") and large.tokens_per_s == pytest.approx(989e12 * 0.4 / large.flops_per_token)
 
 
 def test_cost_settings_are_validated_with_their_key(compose_cfg):

@@ -26,7 +26,11 @@ class CostConfig:
     """Measure the step time when a device of this kind is present here; false always assumes mfu (pass it when
     the GPU here is not the one priced)."""
     mfu: float = bounded(0.4, gt=0, le=1)
-    """Model FLOPs utilisation assumed when the device is not present to measure (0.3-0.5 is typical for LLMs)."""
+    """Model FLOPs utilisation assumed when the device is not present to measure (0.3-0.5 is typical for LLMs large
+    enough to fill the device; a small model's step is bound by cost.launch_seconds instead)."""
+    launch_seconds: float = bounded(1e-5, ge=0)
+    """Host time to launch one kernel in an eager PyTorch step (seconds; about 10 us). A step launches a few kernels per
+    parameter tensor and microbatch whatever their size, so this floors the step time of a small model; 0 ignores it."""
     price_per_hour: float = bounded(3.0, ge=0)
     """Money per device-hour (USD)."""
     num_devices: int = bounded(1, ge=1)

@@ -4,7 +4,8 @@ FLOPs: training FLOPs per token from the model built on the meta device (6 x non
 forward and backward, plus attention's 12 x layers x dim x seq_len; currytrain.benchmark's formula) times
 the tokens. Time: where the cost option's kind of device is present here, from tokens/s measured by the
 step benchmark on it; elsewhere from the FLOPs at `cost.mfu` of `cost.peak_flops` per device, over
-`cost.num_devices` devices. Money: device-hours x `cost.price_per_hour`.
+`cost.num_devices` devices, but never faster than launching the step's kernels (`cost.launch_seconds` each, a few per
+parameter tensor): a small model does not fill a large device. Money: device-hours x `cost.price_per_hour`.
 """
 
 from __future__ import annotations
@@ -54,13 +55,41 @@ def run_tokens(cfg: DictConfig) -> int:
     return int(trainer.max_steps * trainer.batch_size * trainer.grad_accum * cfg.data.seq_len)
 
 
+KERNELS_PER_TENSOR = 6
+"""Kernels an eager step launches per parameter tensor and microbatch, roughly: its forward op and the elementwise
+ops around it, their backward, the gradient's accumulation (the optimizer's foreach kernels are few)."""
+
+
 def flops_per_token(cfg: DictConfig) -> float:
+    return model_cost(cfg)[0]
+
+
+def model_cost(cfg: DictConfig) -> tuple[float, int]:
+    """(training FLOPs per token, parameter tensors) of the model built on the meta device."""
     from currytrain.benchmark import model_flops_per_token, model_sizes
     from currytrain.model import build_shapes
 
     model = build_shapes(cfg.model)
     n_layers, width = model_sizes(model, cfg.model)  # any model: its repeated blocks and token width, no field names
-    return float(model_flops_per_token(model, n_layers, width, cfg.data.seq_len))
+    return float(model_flops_per_token(model, n_layers, width, cfg.data.seq_len)), len(list(model.parameters()))
+
+
+def assumed_tokens_per_s(cfg: DictConfig, per_token: float, tensors: int) -> tuple[float, str]:
+    """(tokens/s of all devices, how it was found) without a device to measure: the step's FLOPs at cost.mfu of the
+    peak, or, where that is faster, the time to launch its kernels (a small model cannot use a large device)."""
+    cost, trainer = cfg.cost, cfg.trainer
+    step_tokens = trainer.batch_size * trainer.grad_accum * cfg.data.get("seq_len", 1) / cost.num_devices  # one device's share
+    compute = step_tokens * per_token / (cost.peak_flops * cost.mfu)
+    launches = KERNELS_PER_TENSOR * tensors * trainer.grad_accum
+    floor = launches * cost.launch_seconds
+    tokens_per_s = step_tokens / max(compute, floor, 1e-12) * cost.num_devices
+    if compute >= floor:
+        return tokens_per_s, f"assumed: {cost.mfu:.0%} MFU of {cost.peak_flops:.3g} FLOP/s"
+    mfu = tokens_per_s / cost.num_devices * per_token / cost.peak_flops
+    return tokens_per_s, (
+        f"assumed: bound by kernel launches ({launches} per step x {cost.launch_seconds * 1e6:g} us = {floor * 1e3:.2g} ms), {mfu:.2%} MFU of "
+        f"{cost.peak_flops:.3g} FLOP/s; cost.mfu={cost.mfu:.0%} holds for models large enough to fill the device"
+    )
 
 
 def device_present(kind: str) -> bool:
@@ -82,12 +111,12 @@ def estimate_cost(cfg: DictConfig, tokens: float | None = None, measure_steps: i
     """What `tokens` (default: the configured run's) cost on cfg.cost."""
     cost = cfg.cost
     tokens = float(tokens if tokens is not None else run_tokens(cfg))
-    per_token = flops_per_token(cfg)
+    per_token, tensors = model_cost(cfg)
     flops = tokens * per_token
     if cost.measure and device_present(cost.device):
         tokens_per_s, method = measured_tokens_per_s(cfg, measure_steps) * cost.num_devices, f"measured here on {cost.device}"
     else:
-        tokens_per_s, method = cost.peak_flops * cost.mfu * cost.num_devices / per_token, f"assumed: {cost.mfu:.0%} MFU of {cost.peak_flops:.3g} FLOP/s"
+        tokens_per_s, method = assumed_tokens_per_s(cfg, per_token, tensors)
     seconds = tokens / tokens_per_s
     hours = seconds * cost.num_devices / 3600
     return CostEstimate(cost.name, tokens, per_token, flops, seconds, hours, hours * cost.price_per_hour, method, tokens_per_s)
