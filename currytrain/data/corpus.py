@@ -130,7 +130,7 @@ class TextFiles(ByteCorpus):
         files = collect_text_files(paths, suffixes)
         super().__init__(files, seq_len, val_fraction, max_bytes, seed)
         held_out = (
-            "the last {:.0%} of the bytes (no set of whole files is near that share)".format(val_fraction)
+            f"the last {val_fraction:.0%} of the bytes (no set of whole files is near that share)"
             if self.val_files == self.train_files
             else f"{len(self.val_files)} whole files"
         )
