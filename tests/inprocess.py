@@ -29,21 +29,41 @@ from hydra.core.global_hydra import GlobalHydra
 
 ROOT = Path(__file__).resolve().parents[1]
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
-_app: ModuleType | None = None
+_apps: dict[Path, ModuleType] = {}
 
 
-def launch_module() -> ModuleType:
-    """launch.py as a module (imported once: it registers the schemas, and holds the @hydra.main function)."""
-    global _app
-    if _app is None:
-        spec = importlib.util.spec_from_file_location("launch_py", ROOT / "launch.py")
-        _app = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(_app)
-    return _app
+def launch_module(script: Path = ROOT / "launch.py") -> ModuleType:
+    """A launch.py as a module (imported once: it registers the schemas, and holds the @hydra.main function)."""
+    if script not in _apps:
+        spec = importlib.util.spec_from_file_location(f"launch_py_{len(_apps)}", script)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        if script != ROOT / "launch.py":  # Hydra finds conf/ beside the file of a __main__ task, as for `python launch.py`
+            module.main.__wrapped__.__module__ = "__main__"
+        _apps[script] = module
+    return _apps[script]
 
 
 @contextlib.contextmanager
-def process_state(argv: list[str]) -> Iterator[None]:
+def project_imports(root: Path) -> Iterator[None]:
+    """Inside the block, `experiments` is the package of the project at root (as for its launch.py, whose folder
+    is first on sys.path); the test process's own (the checkout's) is back after it."""
+    saved_path = sys.path[:]
+    saved = {name: module for name, module in sys.modules.items() if name == "experiments" or name.startswith("experiments.")}
+    for name in saved:
+        del sys.modules[name]
+    sys.path.insert(0, str(root))
+    try:
+        yield
+    finally:
+        sys.path[:] = saved_path
+        for name in [name for name in sys.modules if name == "experiments" or name.startswith("experiments.")]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+@contextlib.contextmanager
+def process_state(argv: list[str], script: Path = ROOT / "launch.py") -> Iterator[None]:
     """A fresh command's view of the process inside the block, the test's own restored after it."""
     from currytrain import app, lock
 
@@ -53,8 +73,8 @@ def process_state(argv: list[str]) -> Iterator[None]:
     saved_handlers, saved_level = root.handlers[:], root.level
     saved_levels = {name: logger.level for name, logger in logging.Logger.manager.loggerDict.items() if isinstance(logger, logging.Logger)}
     threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
-    sys.argv = [str(ROOT / "launch.py"), *argv]
-    os.chdir(ROOT)
+    sys.argv = [str(script), *argv]
+    os.chdir(script.parent)
     GlobalHydra.instance().clear()
     app._task_started = False
     app._outcomes.clear()
@@ -86,13 +106,15 @@ def process_state(argv: list[str]) -> Iterator[None]:
         sys.argv = saved_argv
 
 
-def run_launch_py(argv: list[str]) -> subprocess.CompletedProcess:
-    """Run launch.py's app with `argv` here; its exit code and captured output, as subprocess.run gives them."""
+def run_launch_py(argv: list[str], script: Path = ROOT / "launch.py") -> subprocess.CompletedProcess:
+    """Run the app of `script` (curryTrain's launch.py, or a project's: it runs in the project's folder, its
+    experiments importable) with `argv` here; its exit code and captured output, as subprocess.run gives them."""
     from currytrain.app import run_app
 
-    module = launch_module()
+    imports = project_imports(script.parent) if script != ROOT / "launch.py" else contextlib.nullcontext()
     stdout, stderr = io.StringIO(), io.StringIO()
-    with process_state(argv), contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+    with imports, process_state(argv, script), contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        module = launch_module(script)
         try:
             run_app(module.main)
             code = 0

@@ -314,6 +314,10 @@ def write_hf(
     has_config = hf_dir is not None and (hf_dir / "config.json").is_file()
     original = json.loads((hf_dir / "config.json").read_text()) if has_config else {}
     family, problems = closest_family(node, prefer=(original.get("architectures") or [None])[0])
+    if family is None and (builtin := computed_as_builtin(node, state)) is not None:
+        log.info("%s: %s computes what %s computes on these weights: exported as that family", what, node["_target_"], builtin["_target_"])
+        node = builtin
+        family, problems = closest_family(node, prefer=(original.get("architectures") or [None])[0])
     if family is None:
         raise ConfigError(f"{what}: {problems[0]}")
     if node.get("mup"):
@@ -349,6 +353,42 @@ def write_hf(
 
 
 # ---------------------------------------------------------------------------------------------- files
+
+
+BUILTIN_FAMILIES = ("currytrain.model.gqa.GQATransformer", "currytrain.model.moe.MoETransformer")
+"""The classes export has Hugging Face counterparts for."""
+
+
+def computed_as_builtin(node: dict[str, Any], state: dict[str, torch.Tensor]) -> dict[str, Any] | None:
+    """A project's own copy of a built-in family (`currytrain scaffold NAME --from gqa`): its node with the built-in
+    class as `_target_` when that class builds from the same fields, loads these weights and computes the same logits
+    on them (so a copy whose forward was edited is not exported as the family); else None."""
+    from currytrain.model import build_model
+
+    if str(node.get("_target_", "")) in BUILTIN_FAMILIES or "vocab_size" not in node:
+        return None
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(int(node["vocab_size"]), (2, min(16, int(node.get("max_seq_len", 16)))), generator=generator)
+    try:
+        own = build_model(OmegaConf.create(node)).eval()
+        _load_state(own, node, dict(state))
+        with torch.no_grad():
+            expected = own(tokens)
+    except Exception as error:  # the project's class: whatever it raises, it is not a family's copy to export
+        log.info("%s: not comparable with a built-in family (%s)", node.get("_target_"), error)
+        return None
+    for target in BUILTIN_FAMILIES:
+        candidate = {**node, "_target_": target}
+        try:
+            builtin = build_model(OmegaConf.create(candidate)).eval()
+            _load_state(builtin, candidate, dict(state))
+            with torch.no_grad():
+                same = torch.allclose(builtin(tokens), expected, rtol=1e-4, atol=1e-5)
+        except (TypeError, RuntimeError, ValueError, ConfigError):  # another field set, or other weights
+            continue
+        if same:
+            return candidate
+    return None
 
 
 def _check_output(out: Path, overwrite: bool, flag: str) -> None:
