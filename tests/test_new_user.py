@@ -69,9 +69,12 @@ def test_each_kind_of_idea_learns_with_its_own_settings(project):
     well below chance; run as the user runs it: pytest, in the project (the lm's runs in the getting-started walk)."""
     tests = [f"tests/test_{name}.py" for name in KINDS if name != "my_lm"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], cwd=project, env=env, capture_output=True, text=True, timeout=1200)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", *tests], cwd=project, env=env, capture_output=True, text=True, timeout=1200
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "9 passed" in result.stdout, result.stdout[-2000:]
+    learned = [line for line in result.stdout.splitlines() if line.startswith("PASSED") and "_learns" in line]
+    assert len(learned) == 3 and result.stdout.count("PASSED") == 9, result.stdout[-2000:]
 
 
 def test_the_scaffolded_defaults_are_the_ones_that_learn(project):
@@ -119,7 +122,9 @@ def test_an_edited_copy_of_a_family_is_not_exported_as_that_family(inside, runs)
 
     model_py = inside / "experiments" / "my_gqa" / "model.py"
     if "class Doubled" not in model_py.read_text():
-        model_py.write_text(model_py.read_text() + "\n\nclass Doubled(GQATransformer):\n    def forward(self, tokens):\n        return 2 * super().forward(tokens)\n")
+        model_py.write_text(
+            model_py.read_text() + "\n\nclass Doubled(GQATransformer):\n    def forward(self, tokens):\n        return 2 * super().forward(tokens)\n"
+        )
     node, state, _ = read_model(runs["gqa"])
     assert computed_as_builtin(node, state)["_target_"] == "currytrain.model.gqa.GQATransformer"
     assert computed_as_builtin({**node, "_target_": "experiments.my_gqa.model.Doubled"}, state) is None

@@ -37,11 +37,6 @@ def snapshot(folder: Path) -> dict[str, bytes]:
     return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
 
 
-def finished_runs(project: Path) -> list[dict]:
-    """The finish events of every run in the project's runs/ folder."""
-    return [event for path in project.glob("runs/*/*/journal.jsonl") for event in read_journal(path) if event["type"] == "finish"]
-
-
 def guide_commands() -> list[str]:
     text = (ROOT / "docs" / "getting-started.md").read_text()
     blocks = re.findall(r"```console\n(.*?)```", text, flags=re.S)
@@ -49,13 +44,29 @@ def guide_commands() -> list[str]:
 
 
 def as_args(command: str) -> list[str]:
-    """A guide command as this environment runs it (its python, its console scripts)."""
+    """A guide command as this environment runs it (its python, its console scripts), a run at tiny sizes (fewer
+    steps, smaller batches: steps_of)."""
     args = shlex.split(command)
+    if args[0] == "python" and args[1] == "launch.py":
+        steps = next((int(a.split("=", 1)[1]) for a in args if a.startswith("trainer.max_steps=")), None)
+        args = [a for a in args if not a.startswith("trainer.max_steps=")]
+        return [sys.executable, *args[1:], *WALK, f"trainer.max_steps={steps_of(steps)}"]
     if args[0] == "python":
         return [sys.executable, *args[1:]]
     if args[0] == "pytest":
         return [sys.executable, "-m", "pytest", *args[1:]]
     return [str(BIN / args[0]), *args[1:]]
+
+
+WALK = ["trainer.batch_size=4", "trainer.eval_every=5", "trainer.eval_batches=2", "trainer.log_every=1", "trainer.progress=false"]
+"""What the walk adds to each run of the guide: small batches, frequent evals, every step logged (its curves.png has
+their points); the steps: steps_of."""
+
+
+def steps_of(written: int | None) -> int:
+    """The steps a guide's run takes in the walk: a twentieth of what it says (its experiment's 200 when it says
+    none), at least 5, so that `trainer.max_steps=300 trainer.resume=latest` still continues a 200-step run."""
+    return max(5, (written or 200) // 20)
 
 
 @pytest.mark.slow
@@ -69,8 +80,11 @@ def test_getting_started_commands_work_as_written(tmp_path):
             continue
         result = run(as_args(command), cwd)
         assert result.returncode == 0, f"{command}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    runs = finished_runs(cwd)
-    assert len(runs) == 2 and all(event["step"] == 5 and math.isfinite(event["val_loss"]) for event in runs)
+    idea = cwd / "runs" / "my_idea"
+    assert [e["step"] for e in read_journal(idea / "journal.jsonl") if e["type"] == "finish"] == [steps_of(None)]
+    assert (idea / "curves.png").is_file(), "currytrain journal --plot drew no figure"
+    continued = [e for path in cwd.glob("runs/2*/*/journal.jsonl") for e in read_journal(path) if e["type"] == "resume"]
+    assert [(Path(e["path"]).parent.parent, e["step"]) for e in continued] == [(idea, steps_of(None))], "trainer.resume=latest"
     assert len(list(cwd.glob("runs/2*/*/report.md"))) == 1, "check=sanity wrote no report"
     results = yaml.safe_load((cwd / "runs" / "sweeps" / "tpe" / "optimization_results.yaml").read_text())
     assert math.isfinite(results["best_value"]) and len(list(cwd.glob("runs/sweeps/tpe/[0-9]/journal.jsonl"))) == 3
