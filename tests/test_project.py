@@ -134,7 +134,7 @@ def test_scaffold_writes_the_files_it_promises(project):
     assert sorted(path.name for path in package.iterdir()) == ["__init__.py", "config.py", "dataset.py", "model.py"]
     for group in ("model", "data", "experiment"):
         assert (project / "conf" / group / "my_classifier.yaml").is_file()
-    assert "def test_my_classifier_trains" in (project / "tests" / "test_my_classifier.py").read_text()
+    assert "def test_my_classifier_learns" in (project / "tests" / "test_my_classifier.py").read_text()
     copied = (project / "experiments" / "my_gqa" / "model.py").read_text()
     assert "class GQATransformer(RopeDecoder)" in copied and "copy of curryTrain's gqa family" in copied
 
