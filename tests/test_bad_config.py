@@ -280,3 +280,21 @@ def test_no_sys_exit_inside_the_package_outside_its_command_line_entries():
         if "sys.exit(" in line and path.relative_to(ROOT / "currytrain").as_posix() not in entries
     ]
     assert offenders == []
+
+
+def test_a_run_its_ranks_memory_cannot_hold_is_refused_with_the_layouts_that_fit(compose_cfg):
+    """Two ranks on the CPU share its RAM: a model whose state takes 60% of it fits one process, not two replicas.
+    The refusal names the per-rank prediction of `currytrain advise` and the layouts of two ranks that fit, each a
+    config validation accepts."""
+    from currytrain.estimate import device_memory
+    from currytrain.validate import validate
+
+    vocab = int(0.6 * device_memory("cpu")[0] / 16 / (2 * 256))  # embedding + readout of width 256, 16 bytes per parameter
+    sizes = ["model.dim=256", f"model.vocab_size={vocab}", "trainer.device=cpu"]
+    (problem,) = validate(compose_cfg("parallel=ddp", "parallel.nproc=2", *sizes))
+    assert problem.startswith("the run needs about") and "GiB per rank (dp2 ddp)" in problem and "which its 2 ranks share" in problem
+    assert "layouts of these ranks that fit (currytrain advise): " in problem and "dp2 fsdp (" in problem
+    fix = problem.split("dp2 fsdp (", 1)[1].split("pass ", 1)[1].split(",")[0].split(";")[0].split()
+    assert fix == ["parallel.dp_replicate=1", "parallel.dp_shard=2", "parallel.zero_stage=3"]
+    assert validate(compose_cfg("parallel=ddp", "parallel.nproc=2", *sizes, *fix)) == []
+    assert validate(compose_cfg(*sizes)) == []  # one process holds it
