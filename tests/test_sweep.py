@@ -446,3 +446,28 @@ def test_the_report_shows_the_last_step_each_trial_trained(tmp_path):
     study.tell(trial, 2.4)
     assert study.trials[0].last_step == 4
     assert "| 0 | COMPLETE | 2.4000 | 6 |" in "\n".join(trials_table(study, ["val/loss"]))
+
+
+SCAFFOLD_LRS = (7e-3, 1e-1)
+"""The learning rates at which the lm scaffold's 200 steps end within 5% of its best val loss (measured: 3e-3 1.19,
+1e-2 0.94, 3e-2 0.96, 1e-1 0.97 nats/token; chance 5.55)."""
+
+
+@pytest.mark.parametrize("preset", ["tpe", "random", "cmaes", "gp", "qmc", "grid", "asha", "hyperband"])
+def test_each_preset_tries_a_learning_rate_the_scaffolds_learn_with(preset, compose_cfg):
+    """The trials each preset's sampler draws (with its seed, over its space; the loss a curve with its best at 2e-2
+    as the scaffold's) include one in SCAFFOLD_LRS within its n_trials; tpe's within the 3 trials of the guide's sweep."""
+    from currytrain.build import build
+    from currytrain.sweep.space import parse_params
+
+    cfg = compose_cfg(f"sweep={preset}")
+    space, problems = parse_params(cfg.sweep.params, "sweep.params")
+    runtime = {"search_space": space.grid()} if str(cfg.sweep.sampler._target_).endswith("GridSampler") else {}
+    study = optuna.create_study(sampler=build(cfg.sweep.sampler, **runtime))
+    tried = []
+    trials = 3 if preset == "tpe" else min(cfg.sweep.n_trials, len(space.grid().get("optimizer.lr", [])) - 1 if runtime else 99)
+    for _ in range(trials):
+        trial = study.ask({key: dimension.distribution() for key, dimension in space.dimensions.items()})
+        tried.append(trial.params["optimizer.lr"])
+        study.tell(trial, (math.log10(tried[-1]) + 1.7) ** 2)
+    assert not problems and any(SCAFFOLD_LRS[0] <= lr <= SCAFFOLD_LRS[1] for lr in tried), [f"{lr:.1e}" for lr in tried]
