@@ -32,6 +32,10 @@ RUN = {
 NOT_RUN = {"currytrain hf import path/to/hf_model"}
 TINY_ONLY = {"experiment=digits"}
 """Lines whose model is not a decoder: TINY's decoder sizes do not apply; they compose at their own sizes."""
+CONTEXT = ["model.max_seq_len=128"]
+"""The decoders' context here: room for the eval tasks' prompts (as tests/test_eval.py gives them)."""
+AT_TINY_SIZES = {"bench": [*TINY, "--steps", "2", "--warmup", "1"], "eval": ["seq_len=128", "limit=2"]}
+"""What the currytrain lines add here: bench's step at TINY sizes; eval's context and a few questions per task."""
 
 
 def readme_lines() -> list[str]:
@@ -70,10 +74,11 @@ def test_the_readme_commands_work_as_written_at_tiny_sizes(tmp_path, monkeypatch
                     else [f"hydra.run.dir={tmp_path / 'runs' / str(len(list(tmp_path.glob('runs/*'))))}"]
                 )
                 tiny = not any(a in TINY_ONLY for a in overrides)
-                result = launch(*(["--cfg=job"] if "--cfg" in flags else flags), *overrides, *run_dir, "logger=[jsonl]", tiny=tiny)
+                sizes = CONTEXT if tiny else []
+                result = launch(*(["--cfg=job"] if "--cfg" in flags else flags), *sizes, *overrides, *run_dir, "logger=[jsonl]", tiny=tiny)
                 assert result.returncode == 0, f"{line}\n{result.stderr[-3000:]}"
         elif line not in NOT_RUN:
-            command = args[1:] + ([*TINY, "--steps", "2", "--warmup", "1"] if args[1] == "bench" else [])  # its step at TINY sizes
+            command = args[1:] + AT_TINY_SIZES.get(args[1], [])
             where = tmp_path / "my_project" if args[1] == "scaffold" else ROOT  # "inside it", as the README says
             monkeypatch.chdir(where)
             with project_imports(where) if where != ROOT else contextlib.nullcontext():
