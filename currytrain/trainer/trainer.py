@@ -438,7 +438,7 @@ class Trainer:
         if path is None:
             if checkpoint_candidates(location):
                 raise ConfigError(
-                    f"trainer.resume={self.cfg.resume}: no checkpoint in {location} passes its checksums (the journal's checkpoint_corrupt "
+                    f"trainer.resume={self.cfg.resume}: no checkpoint in {location} passes its checksums and content checks (the journal's checkpoint_corrupt "
                     "events say why): restore them from a copy, or move them aside and start over in a new run folder"
                 )
             if self.cfg.resume == "auto":
