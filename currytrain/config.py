@@ -8,10 +8,11 @@ dict shaped like the one below, and register_configs() stores it beside the buil
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import pkgutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
 from currytrain.abort.config import AbortConfig, NoAbortConfig
+from currytrain.build import hydra_problems, register_targets
 from currytrain.check.config import (
     AblationCheckConfig,
     CapacityCheckConfig,
@@ -81,10 +83,11 @@ SCHEMAS: dict[str, dict[str, type]] = {
 
 @dataclass
 class BuildConfig:
-    """What build() may instantiate besides curryTrain, experiments/ and torch.optim."""
+    """What build() may instantiate besides the registered components (currytrain.build)."""
 
     allow: list[str] = field(default_factory=list)
-    """Extra modules (and their submodules) whose classes and functions configs may name as _target_."""
+    """Exact dotted names of more classes and functions configs may name as _target_ (build.allow=[my_package.MyLogger]).
+    Only the command line may set it: a config file that does is refused, as is a module name."""
 
 
 @dataclass
@@ -105,11 +108,19 @@ class RootConfig:
 
 
 def store_schemas(schemas: dict[str, dict[str, type]]) -> None:
+    """Store each schema in Hydra's ConfigStore and register its `_target_` (configs may name it: currytrain.build)."""
     cs = ConfigStore.instance()
     for group, options in schemas.items():
         for name, schema in options.items():
             # Stored outside the option's own group so `Available options in 'model'` lists only real options.
             cs.store(group=f"schema/{group}", name=name, node=schema)
+            register_targets(schema_targets(schema))
+
+
+def schema_targets(schema: type) -> list[str]:
+    """The `_target_` a schema's dataclass names by default (none for a group's `none` option or a `???`)."""
+    target = next((f.default for f in fields(schema) if f.name == "_target_"), None) if is_dataclass(schema) else None
+    return [target] if isinstance(target, str) and target not in ("", "???") else []
 
 
 def experiment_config_modules() -> list[str]:
@@ -122,11 +133,41 @@ def experiment_config_modules() -> list[str]:
 
 
 def register_configs() -> None:
-    """Store the root schema, every built-in option's schema and those of the project's experiments."""
+    """Store the root schema, every built-in option's schema and those of the project's experiments; register the
+    project's TARGETS (experiments/__init__.py and experiments/<name>/config.py); check every composition."""
     ConfigStore.instance().store(name="root_schema", node=RootConfig)
     store_schemas(SCHEMAS)
+    if importlib.util.find_spec("experiments") is not None:
+        register_targets(getattr(importlib.import_module("experiments"), "TARGETS", ()))
     for module in experiment_config_modules():
-        store_schemas(importlib.import_module(module).SCHEMAS)
+        config = importlib.import_module(module)
+        store_schemas(config.SCHEMAS)
+        register_targets(getattr(config, "TARGETS", ()))
+    check_compositions()
+
+
+def check_compositions() -> None:
+    """Check every config Hydra composes in this process (an app's, a sweep's jobs', the compose API's) before it is
+    returned, so before Hydra builds anything from its hydra.* subtree: Hydra 1.3 configures logging from the
+    composed config and instantiates its callbacks right after composing, with no hook in between, so the check
+    wraps the composition itself (currytrain.build.hydra_problems says what it checks). Idempotent."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    if getattr(ConfigLoaderImpl.load_configuration, "checked_by_currytrain", False):
+        return
+    compose = ConfigLoaderImpl.load_configuration
+
+    @functools.wraps(compose)
+    def load_configuration(self: Any, config_name: str | None, overrides: list[str], *args: Any, **kwargs: Any) -> DictConfig:
+        from currytrain.errors import ConfigError, format_problems
+
+        cfg = compose(self, config_name, overrides, *args, **kwargs)
+        if problems := hydra_problems(cfg, overrides):
+            raise ConfigError(format_problems(problems))
+        return cfg
+
+    load_configuration.checked_by_currytrain = True  # type: ignore[attr-defined]
+    ConfigLoaderImpl.load_configuration = load_configuration
 
 
 def compose_config(overrides: list[str]) -> DictConfig:

@@ -39,9 +39,18 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
-def _git(cwd: Path, *args: str) -> str | None:
+GIT_QUERIES = {
+    "sha": ("rev-parse", "HEAD"),
+    "diff": ("diff", "--no-ext-diff", "--no-textconv", "HEAD"),
+    "untracked": ("ls-files", "--others", "--exclude-standard"),
+}
+"""The only git commands the journal runs: fixed arguments, none from a config (git's aliases and -c options would
+turn chosen arguments into a shell command), no external diff or text-conversion program."""
+
+
+def _git(cwd: Path, query: str) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", "-C", str(cwd), *GIT_QUERIES[query]], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout if out.returncode == 0 else None
@@ -50,11 +59,11 @@ def _git(cwd: Path, *args: str) -> str | None:
 def git_state(cwd: Path) -> dict[str, Any]:
     """SHA of HEAD, whether the tree differs from it (untracked files count: a new experiments/ file is
     code too), the diff of tracked files and the untracked files' names. None outside a repository."""
-    sha = _git(cwd, "rev-parse", "HEAD")
+    sha = _git(cwd, "sha")
     if sha is None:
         return {"sha": None, "dirty": None, "diff": None, "untracked": None}
-    diff = _git(cwd, "diff", "HEAD") or ""
-    untracked = (_git(cwd, "ls-files", "--others", "--exclude-standard") or "").split()
+    diff = _git(cwd, "diff") or ""
+    untracked = (_git(cwd, "untracked") or "").split()
     return {"sha": sha.strip(), "dirty": bool(diff or untracked), "diff": diff, "untracked": untracked}
 
 

@@ -1,4 +1,4 @@
-"""Components that fail on purpose, for tests of how a run ends. Configs reach them with build.allow=[tests] (as tests.faulty)."""
+"""Components that fail on purpose, for tests of how a run ends. Configs reach them with build.allow=[tests.faulty.<the class>] on the command line."""
 
 from __future__ import annotations
 

@@ -165,13 +165,13 @@ def search_space(settings: Mapping[str, Any], arguments: Sequence[str], config: 
 
 def _custom_space_problems(settings: Mapping[str, Any], where: str, config: DictConfig) -> list[str]:
     """A plain app's function may live anywhere it can import (as with hydra-optuna-sweeper); a curryTrain
-    run's config calls nothing outside build()'s allow-list (currytrain, experiments/, build.allow)."""
+    run's config calls only registered functions (currytrain.build: the project's TARGETS, or build.allow)."""
     from currytrain.build import target_problem
 
     path = settings["custom_search_space"]
     if not settings.get("plain_task") and isinstance(path, str) and path:
         allowed = OmegaConf.select(config, "build.allow", default=None) or []
-        if problem := target_problem(path, extra=[str(module) for module in allowed]):
+        if problem := target_problem(path, extra=[str(name) for name in allowed]):
             return [f"{where}={problem}"]
     _, problem = custom_space(path, where)
     return [problem] if problem else []
