@@ -47,6 +47,47 @@ OPTUNA_PRUNERS = (
     "NopPruner",
     "PatientPruner",
 )
+COMPONENTS = (
+    "currytrain.abort.monitor.AbortMonitor",
+    *(
+        f"currytrain.check.{name}"
+        for name in (
+            "ablation.Ablation",
+            "capacity.Capacity",
+            "ladder.Ladder",
+            "lr_range.LRRange",
+            "mup.MupCheck",
+            "preflight.Preflight",
+            "probe_tasks.Probe",
+            "sanity.Sanity",
+            "scaling.Scaling",
+            "seeds.Seeds",
+            "skeleton.Skeleton",
+        )
+    ),
+    *(
+        f"currytrain.data.{name}"
+        for name in (
+            "corpus.StdlibBytes",
+            "corpus.SyntheticTokens",
+            "corpus.TextFiles",
+            "probe.ProbeTasks",
+            "tabular.Digits",
+            "tabular.TableFile",
+            "tokens.TokenizedText",
+        )
+    ),
+    *(
+        f"currytrain.logger.{name}"
+        for name in ("aim.AimLogger", "jsonl.JsonlLogger", "mlflow.MLflowLogger", "tensorboard.TensorBoardLogger", "wandb.WandbLogger")
+    ),
+    *(f"currytrain.model.{name}" for name in ("gqa.GQATransformer", "mlp.MLPClassifier", "moe.MoETransformer", "spiking.SpikingTransformer")),
+    "currytrain.optim.builders.build_adamw",
+    "currytrain.optim.builders.build_sgd",
+    "currytrain.parallel.strategy.Parallel",
+)
+"""curryTrain's own components: every _target_ its schemas name (tests/test_config.py checks the two agree), known
+here so that a process that registers no schemas (a script calling the HF bridge) builds them too."""
 HYDRA_CALLBACKS = ("currytrain.validate.ValidateCallback",)
 HYDRA_PLUGINS = (
     "hydra._internal.core_plugins.basic_launcher.BasicLauncher",
@@ -58,10 +99,16 @@ HYDRA_PLUGINS = (
     "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher",
 )
 BUILT_IN_TARGETS = frozenset(
-    (*(f"optuna.samplers.{name}" for name in OPTUNA_SAMPLERS), *(f"optuna.pruners.{name}" for name in OPTUNA_PRUNERS), *HYDRA_CALLBACKS, *HYDRA_PLUGINS)
+    (
+        *COMPONENTS,
+        *(f"optuna.samplers.{name}" for name in OPTUNA_SAMPLERS),
+        *(f"optuna.pruners.{name}" for name in OPTUNA_PRUNERS),
+        *HYDRA_CALLBACKS,
+        *HYDRA_PLUGINS,
+    )
 )
-"""Targets no schema's _target_ names: sweep configs name a sampler and a pruner by their class (plain search
-algorithms), and Hydra's own config names its callback, launcher and sweeper."""
+"""curryTrain's components, and what configs name besides: sweep configs a sampler and a pruner by their class
+(plain search algorithms), Hydra's own config its callback, launcher and sweeper."""
 
 _registered: set[str] = set(BUILT_IN_TARGETS)
 _extra_allowed: tuple[str, ...] = ()

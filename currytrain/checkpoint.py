@@ -47,7 +47,7 @@ from currytrain.weights import (
     complete_checkpoints,
     file_digests,
     is_complete,
-    marker_field,
+    marker_count,
     saved_tokens,
 )
 
@@ -244,7 +244,7 @@ class Checkpointer:
         finally:
             train_state.with_rng = True
         train_state.tokens = saved_tokens(path)  # None: a checkpoint from before the count (the trainer estimates it)
-        train_state.schedule_start = int(marker_field(path, "schedule_start") or 0)
+        train_state.schedule_start = marker_count(path, "schedule_start") or 0
 
     @staticmethod
     def load_weights(path: Path, train_state: TrainState) -> None:

@@ -12,7 +12,7 @@ import functools
 import importlib
 import importlib.util
 import pkgutil
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
 from currytrain.abort.config import AbortConfig, NoAbortConfig
-from currytrain.build import hydra_problems, register_targets
+from currytrain.build import hydra_problems, register_targets, targets
 from currytrain.check.config import (
     AblationCheckConfig,
     CapacityCheckConfig,
@@ -118,9 +118,11 @@ def store_schemas(schemas: dict[str, dict[str, type]]) -> None:
 
 
 def schema_targets(schema: type) -> list[str]:
-    """The `_target_` a schema's dataclass names by default (none for a group's `none` option or a `???`)."""
-    target = next((f.default for f in fields(schema) if f.name == "_target_"), None) if is_dataclass(schema) else None
-    return [target] if isinstance(target, str) and target not in ("", "???") else []
+    """Every `_target_` a schema names by default, nested nodes included (a ladder's stages); none for a `???`."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.structured(schema)
+    return [target for _, target in targets(node) if isinstance(target, str) and target not in ("", "???")]
 
 
 def experiment_config_modules() -> list[str]:

@@ -131,19 +131,72 @@ class Journal:
         self._write({"type": kind, "time": _now(), **fields})
 
 
-def read_journal(path: Path) -> list[dict]:
-    """Every record of a journal. A last line cut short (a process killed mid-write) is left out."""
-    records = []
-    lines = Path(path).read_text().splitlines()
+class Records(list):
+    """A journal's records, with the lines a reader passed over (`skipped`: "line N: why")."""
+
+    def __init__(self, records: list[dict], skipped: list[str]):
+        super().__init__(records)
+        self.skipped = skipped
+
+
+NUMERIC_RECORDS = ("metrics", "eval", "finish")
+"""Records whose fields (type and time aside) are numbers: the curves and final values readers compute with."""
+TEXT_FIELDS = ("message", "error", "traceback", "path", "problem", "reason", "signal", "checkpoint", "git_sha")
+"""Fields that are text in every record that has them."""
+TORN = '{"type": '
+"""How every record starts (json.dumps of a dict whose first key is type): where a record glued onto a torn line begins."""
+
+
+def record_problem(record: Any) -> str | None:
+    """Why a parsed line is not a journal record readers can use, or None."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not a record"
+    if not isinstance(record.get("type"), str):
+        return "no type"
+    if "step" in record and (not isinstance(record["step"], int) or isinstance(record["step"], bool)):
+        return f"its step {record['step']!r} is not a whole number"
+    if "time" in record:
+        try:
+            dt.datetime.fromisoformat(record["time"])
+        except (TypeError, ValueError):
+            return f"its time {str(record['time'])[:40]!r} is not an ISO timestamp"
+    for key in TEXT_FIELDS:
+        if record.get(key) is not None and not isinstance(record[key], str):
+            return f"its {key} is a {type(record[key]).__name__}, not text"
+    if record["type"] in NUMERIC_RECORDS:
+        for key, value in record.items():
+            if key not in ("type", "time") and (not isinstance(value, int | float) or isinstance(value, bool)):
+                return f"its {key} {str(value)[:40]!r} is not a number"
+    return None
+
+
+def read_journal(path: Path) -> Records:
+    """Every usable record of a journal, and the lines passed over. A line that is not a record is skipped and named
+    (its number and why): a last line cut short by a kill, a torn line a power cut left with the next launch's
+    record glued on (that record is recovered), bytes changed by hand."""
+    records, skipped = [], []
+    lines = Path(path).read_bytes().decode("utf-8", errors="replace").splitlines()
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number != len(lines):
-                raise
-    return records
+        record, problem = _parse(line)
+        if problem is None:
+            records.append(record)
+            continue
+        glued = line.rfind(TORN)
+        if glued > 0 and (tail := _parse(line[glued:]))[1] is None:
+            records.append(tail[0])
+            problem = f"{problem}; the record after its torn start was recovered"
+        skipped.append(f"line {number}: {problem}")
+    return Records(records, skipped)
+
+
+def _parse(line: str) -> tuple[Any, str | None]:
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, RecursionError) as error:
+        return None, f"not JSON ({str(error)[:80]})"
+    return record, record_problem(record)
 
 
 RESTARTS = ("resume", "rollback")
@@ -213,7 +266,7 @@ def timeline(records: list[dict]) -> list[str]:
         details = ", ".join(f"{key} {_short(value)}" for key, value in record.items() if key not in ("type", "time", "traceback"))
         lines.append(f"{offset:>9}  {kind:<9} {details}")
     flush()
-    return lines
+    return lines + [f"skipped {line}" for line in getattr(records, "skipped", [])]
 
 
 def _short(value: Any) -> str:

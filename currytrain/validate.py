@@ -468,6 +468,55 @@ def unreadable_values(node: Any, path: str = "") -> list[str]:
     return problems
 
 
+TYPED_GROUPS = ("model", "data", "parallel", "optimizer", "check", "sweep", "abort", "cost")
+"""Root keys whose node a stored schema types (schema/<group>/<option> in Hydra's ConfigStore); logger's entries too."""
+
+
+def typed_node(group: str, node: Any, where: str) -> tuple[Any, list[str]]:
+    """`node` (plain data) typed by the schema of `group` whose _target_ it names, as composition types it: its keys
+    and values checked by that schema. (node, []) when it fits one, else (untyped node, the problem)."""
+    from hydra.core.config_store import ConfigStore
+
+    if not isinstance(node, dict):
+        return node, [f"{where}={node} is not a config node (a mapping): restore the file"]
+    schemas = [entry.node for entry in ConfigStore.instance().repo.get("schema", {}).get(group, {}).values()]
+    candidates = [schema for schema in schemas if schema.get("_target_") == node.get("_target_")]
+    reasons = []
+    for schema in candidates:
+        try:
+            return OmegaConf.merge(schema, node), []
+        except OmegaConfBaseException as error:
+            reasons.append(str(error).splitlines()[0])
+    if not candidates:
+        return OmegaConf.create(node), []  # an unregistered _target_: target_problems refuses it by name
+    return OmegaConf.create(node), [f"{where} does not fit its schema ({reasons[0]}): restore the file"]
+
+
+def typed_run_config(data: dict[str, Any]) -> tuple[DictConfig, list[str]]:
+    """A run folder's resolved config (plain data, weights.read_yaml_mapping) typed as a launch's composed config is,
+    so that validate() checks its keys and ranges too; the problems found while typing it."""
+    from hydra.core.config_store import ConfigStore
+
+    root = ConfigStore.instance().repo["root_schema.yaml"].node
+    plain = {key: value for key, value in data.items() if key not in (*TYPED_GROUPS, "logger")}
+    problems: list[str] = []
+    try:
+        cfg = OmegaConf.merge(root, plain)
+    except OmegaConfBaseException as error:
+        return OmegaConf.create(data), [f"the config does not fit curryTrain's root schema ({str(error).splitlines()[0]}): restore the file"]
+    for group in TYPED_GROUPS:
+        if group in data:
+            cfg[group], found = typed_node(group, data[group], group)
+            problems += found
+    loggers = data.get("logger") or {}
+    if not isinstance(loggers, dict):
+        return cfg, problems + [f"logger={loggers} is not a mapping of logger nodes: restore the file"]
+    for name, node in loggers.items():
+        cfg.logger[name], found = typed_node("logger", node, f"logger.{name}")
+        problems += found
+    return cfg, problems
+
+
 def raise_on_problems(problems: list[str]) -> None:
     if problems:
         raise ConfigError(format_problems(problems))
