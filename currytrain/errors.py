@@ -82,6 +82,17 @@ class ConfigRejected(PastHydra):
     """A ConfigError found by the validation callback, before Hydra creates any folder; launch.py exits 2."""
 
 
+class ValidationCrashed(PastHydra):
+    """Validation itself raised (a bug of curryTrain's, not a problem of the config): the command stops with exit 1
+    and the traceback, where Hydra would have warned about the callback and run the job unvalidated."""
+
+    def __init__(self, error: BaseException):
+        import traceback
+
+        trace = "".join(traceback.format_exception(error))
+        super().__init__(RunFailed(f"curryTrain: validating the config failed; nothing ran. This is a bug of curryTrain's validation:\n{trace}"))
+
+
 class JobFailed(PastHydra):
     """The outcome of a job that ran in another process (a SLURM job), raised again in the process that
     launched it when Hydra reads the job's result, so launch.py exits with that outcome's code."""

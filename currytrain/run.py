@@ -22,7 +22,7 @@ from currytrain.lock import acquire, holding
 from currytrain.logger.base import record_group
 from currytrain.parallel.dims import launched_world_size
 from currytrain.sweep.group import job_group
-from currytrain.validate import raise_on_problems, validate
+from currytrain.validate import raise_on_problems, validate, validated
 from currytrain.weights import RESOLVED
 
 
@@ -64,6 +64,8 @@ def run(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     rank = workers.join_submitit_job(cfg.parallel.rendezvous_timeout) if workers.in_submitit_task() else 0  # before validation: it checks WORLD_SIZE
+    if hydra_cfg.mode == RunMode.RUN and rank == 0 and not validated(run_dir):
+        raise_on_problems(validate(cfg, str(run_dir)))  # a run whose callback did not validate it (never skipped)
     if hydra_cfg.mode == RunMode.MULTIRUN:
         # A single run was validated by ValidateCallback.on_run_start; a multirun's jobs are composed
         # after on_multirun_start, each with its own swept values and folder, so each is checked here.

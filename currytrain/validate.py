@@ -22,7 +22,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from currytrain.build import target_problems
 from currytrain.data.base import BYTE_VOCAB, PROBE_SPECIAL_TOKENS
 from currytrain.data.config import DigitsConfig, ProbeConfig, TabularConfig
-from currytrain.errors import ConfigError, ConfigRejected, format_problems
+from currytrain.errors import ConfigError, ConfigRejected, ValidationCrashed, format_problems
 from currytrain.lock import acquire, held_by_another, holding
 from currytrain.model.config import DecoderConfig, GQAConfig, MLPConfig, MoEConfig
 from currytrain.optim.config import AdamWConfig
@@ -439,12 +439,21 @@ def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         problems = [problem for key in cfg.keys() if key != "hydra" for problem in target_problems(cfg._get_node(key), str(key), extra=allow)]
         problems += check_tree(cfg)
         for check in CROSS_GROUP_CHECKS:
-            problems += check(cfg)
-        problems += _check_run_dir(cfg, run_dir)
+            problems += _reading_files(check, cfg)
+        problems += _reading_files(_check_run_dir, cfg, run_dir)
         # Sizing builds the model on the meta device: only once every value it reads is known good.
         return problems or _check_memory(cfg)
     except OmegaConfBaseException as error:  # an interpolation that cannot resolve, a missing value
         return unreadable_values(cfg) or [f"{getattr(error, 'full_key', None) or 'the config'} cannot be read: {str(error).splitlines()[0]}"]
+
+
+def _reading_files(check: Any, *args: Any) -> list[str]:
+    """A check's problems; a ConfigError raised while it read a file the config names (a marker, a model.yaml of the
+    wrong shape) is one more problem, reported with the others."""
+    try:
+        return check(*args)
+    except ConfigError as error:
+        return [str(error)]
 
 
 def unreadable_values(node: Any, path: str = "") -> list[str]:
@@ -522,6 +531,26 @@ def raise_on_problems(problems: list[str]) -> None:
         raise ConfigError(format_problems(problems))
 
 
+_validated: set[str] = set()
+"""The run folders ValidateCallback validated in this process (run.run validates any other itself)."""
+
+
+def validated(run_dir: str | Path) -> bool:
+    return str(Path(run_dir).resolve()) in _validated
+
+
+def validate_or_stop(config: DictConfig, run_dir: str | None = None) -> list[str]:
+    """validate(), where nothing may slip through as a warning: Hydra turns a callback's exception into one and runs
+    the job. A problem is returned; any other exception stops the command (ValidationCrashed: exit 1 with the
+    traceback, a bug of curryTrain's validation, since every reader of a user's file reports problems instead)."""
+    try:
+        return validate(config, run_dir)
+    except ConfigError as error:
+        return [str(error)]
+    except Exception as error:
+        raise ValidationCrashed(error) from error
+
+
 class ValidateCallback(Callback):
     """Hydra callback: reject a bad config before Hydra creates the run folder (ConfigRejected escapes
     Hydra's handling of callback errors, which would only warn), then hold the run folder (currytrain.lock)
@@ -530,7 +559,9 @@ class ValidateCallback(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         run_dir = OmegaConf.select(config, "hydra.run.dir")
         held = held_by_another(run_dir) if run_dir else None  # first: a folder in use explains the other problems
-        self._reject(([held] if held else []) + validate(config, run_dir))
+        self._reject(([held] if held else []) + validate_or_stop(config, run_dir))
+        if run_dir:
+            _validated.add(str(Path(run_dir).resolve()))
         if run_dir:
             try:
                 acquire(run_dir)
@@ -544,7 +575,7 @@ class ValidateCallback(Callback):
             lock.release()
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._reject(validate(config))
+        self._reject(validate_or_stop(config))
 
     @staticmethod
     def _reject(problems: list[str]) -> None:
