@@ -2,8 +2,9 @@
 
 Header: seed, git SHA and dirty flag (the dirty diff goes to git.diff beside it), package versions,
 world size, host, the overrides and the config's difference from the defaults. Events: launch (a relaunch
-into the same folder), start, metrics, eval, checkpoint, resume, init_from, skip_step, rollback, finish, and
-how a run that did not finish ended: config_error, abort, pruned, or failure (with the traceback).
+into the same folder), start, metrics, eval, checkpoint, resume, restart (from step 0: nothing to resume), init_from,
+skip_step, rollback, finish, and how a run that did not finish ended: config_error, abort, pruned, or failure (with
+the traceback).
 """
 
 from __future__ import annotations
@@ -199,7 +200,7 @@ def _parse(line: str) -> tuple[Any, str | None]:
     return record, record_problem(record)
 
 
-RESTARTS = ("resume", "rollback")
+RESTARTS = ("resume", "rollback", "restart")
 """Events after which a run re-runs the steps past the checkpoint it loaded (the event's step)."""
 CURVES = ("metrics", "eval")
 

@@ -169,6 +169,10 @@ def _check_init_from(cfg: DictConfig) -> list[str]:
     return [f"trainer.init_from={init_from} {problem}"] if problem else []
 
 
+EARLIER_RUN = ("journal.jsonl", "resolved.yaml", "metrics.jsonl")
+"""What an earlier run leaves in its folder (besides checkpoints): a new run there would replace or mix them."""
+
+
 def _check_run_dir(cfg: DictConfig, run_dir: str | None) -> list[str]:
     """Never train over an earlier run's checkpoints unless asked to resume them; resume only what fits."""
     resume = cfg.trainer.resume
@@ -178,6 +182,13 @@ def _check_run_dir(cfg: DictConfig, run_dir: str | None) -> list[str]:
             return [
                 f"{run_dir} already holds checkpoints of an earlier run: pass trainer.resume=auto to continue it, "
                 "or choose another run folder (hydra.run.dir, or hydra.sweep.dir for -m)"
+            ]
+        earlier = [name for name in EARLIER_RUN if (Path(run_dir) / name).is_file()]
+        if earlier:  # a run that saved no checkpoint (crashed, or trainer.checkpoint_every=0): its record would be replaced
+            return [
+                f"{run_dir} already holds an earlier run ({', '.join(earlier)}) and no checkpoint to resume: choose another run folder "
+                "(hydra.run.dir, or hydra.sweep.dir for -m), or pass trainer.resume=auto to run it again from step 0 in this folder "
+                "(its journal keeps the earlier attempt)"
             ]
         return []
     checkpoint = resume_checkpoint(resume, run_dir)

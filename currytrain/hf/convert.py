@@ -160,7 +160,9 @@ def default_import_folder(source: str) -> Path:
 def import_hf(source: str, out: str | Path | None = None, revision: str | None = None, overwrite: bool = False) -> Path:
     """Convert a HF checkpoint (local folder or Hub id) into an import folder; returns its path."""
     out = Path(out) if out is not None else default_import_folder(source)
-    _check_output(out, overwrite, "--out")  # before any download
+    _check_output(
+        out, overwrite, "--out", source=Path(source).expanduser() if Path(source).expanduser().exists() else None, mark=PROVENANCE
+    )  # before any download
     transformers = _require("transformers")
     folder = resolve_source(source, revision)
     if not (folder / "config.json").is_file():
@@ -296,7 +298,7 @@ def export_hf(source: str | Path, out: str | Path, dtype: str | None = None, ove
     """Write config.json + model.safetensors (+ generation/tokenizer files of an import) that transformers loads;
     weights above max_shard_size go to model-0000N-of-0000M.safetensors shards with an index."""
     out = Path(out)
-    _check_output(out, overwrite, "OUTDIR")
+    _check_output(out, overwrite, "OUTDIR", source=Path(source).expanduser())
     if dtype is not None and dtype not in DTYPES:
         raise ConfigError(f"--dtype {dtype} is not one of {list(DTYPES)}")
     node, state, hf_dir = read_model(source)
@@ -352,6 +354,7 @@ def write_hf(
     with _staging(out) as stage:
         config.save_pretrained(stage)
         _save_sharded(tensors, stage, max_shard_size)
+        (stage / EXPORT_MARK).write_text(json.dumps({"source": what}) + "\n")
         if hf_dir is not None:
             for pattern in PASSTHROUGH:
                 for path in hf_dir.glob(pattern):
@@ -382,11 +385,41 @@ def refuse_links(folder: Path, patterns: tuple[str, ...], within: Path | None = 
                 )
 
 
-def _check_output(out: Path, overwrite: bool, flag: str) -> None:
+EXPORT_MARK = ".currytrain-export"
+"""Written into every folder `hf export` makes: --overwrite replaces only a folder holding it (or an import folder's
+import.json, for `hf import --overwrite`), never a folder curryTrain did not write."""
+RUN_FOLDER_SIGNS = ("journal.jsonl", RESOLVED, "checkpoints", "optuna.db")
+
+
+def run_folder_inside(folder: Path) -> Path | None:
+    """The first run folder (or sweep folder) at or below `folder`, by what one holds; None if there is none."""
+    for root, dirs, files in os.walk(folder):
+        if any(sign in files or sign in dirs for sign in RUN_FOLDER_SIGNS):
+            return Path(root)
+        dirs[:] = [name for name in dirs if not name.startswith(".")]
+    return None
+
+
+def _check_output(out: Path, overwrite: bool, flag: str, source: Path | None = None, mark: str = EXPORT_MARK) -> None:
+    """Refuse an output folder that would lose data: a file, a folder that is not empty (without --overwrite), and
+    with --overwrite any folder that holds a run or sweep folder, holds the source itself, or was not written by
+    this command (no `mark`)."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{flag} {out} is a file: pass a folder path")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
+    if not (out.is_dir() and any(out.iterdir())):
+        return
+    if not overwrite:
         raise ConfigError(f"{flag} {out} already exists and is not empty: choose another folder or pass --overwrite")
+    resolved = out.resolve()
+    if source is not None and (source.resolve() == resolved or source.resolve().is_relative_to(resolved)):
+        raise ConfigError(f"{flag} {out} holds the source {source}: --overwrite would delete it. Choose an output folder outside it")
+    if (run := run_folder_inside(out)) is not None:
+        raise ConfigError(f"{flag} {out} holds a run folder ({run}): --overwrite never replaces one. Choose another output folder")
+    if not (out / mark).is_file():
+        raise ConfigError(
+            f"{flag} {out} was not written by curryTrain (it has no {mark}): --overwrite replaces only a folder this command made. "
+            "Choose another folder, or remove it yourself"
+        )
 
 
 def _save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:

@@ -443,6 +443,11 @@ class Trainer:
                 )
             if self.cfg.resume == "auto":
                 log.info("trainer.resume=auto: no complete checkpoint in %s, starting fresh", self.run_dir)
+                earlier = read_journal(self.journal.path) if self.journal.path.is_file() else []
+                if any(record.get("type") in ("metrics", "eval") for record in earlier):
+                    # an earlier attempt in this folder logged steps: this run replaces them, in the trackers and the readers
+                    self.journal.event("restart", step=0, reason="no checkpoint to resume: the run starts again from step 0")
+                    self.loggers.restarted(0)
                 return False
             # validation catches this first; a folder emptied since is caught here
             raise ConfigError(f"trainer.resume={self.cfg.resume} holds no complete checkpoint: pass trainer.resume=auto or a checkpoint folder")
