@@ -22,7 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from currytrain.errors import ConfigError
+from currytrain.errors import ConfigError, Outcome
 
 log = logging.getLogger(__name__)
 
@@ -206,8 +206,8 @@ def build(cfg: DictConfig, *, exclude: Iterable[str] = (), **runtime: Any) -> An
         with _hydra_whitelist(_extra_allowed):
             return instantiate(node, _convert_="all", **runtime)
     except InstantiationException as error:
-        # A component's own ConfigError is the user's message: pass it on unwrapped.
-        if isinstance(error.__cause__, ConfigError):
+        # A component's own outcome (a ConfigError is the user's message; a stop signal) passes on unwrapped.
+        if isinstance(error.__cause__, Outcome):
             raise error.__cause__ from None
         raise
 

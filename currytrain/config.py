@@ -190,12 +190,20 @@ def compose_config(overrides: list[str]) -> DictConfig:
 
 
 def unparsable_overrides(args: list[str]) -> list[str]:
-    """Overrides Hydra's grammar cannot read, each named (Hydra's own message names only the input it stopped at)."""
+    """Overrides Hydra's grammar cannot read, each named (Hydra's own message names only the input it stopped at),
+    and arguments that are not UTF-8 (a path quoted from a file system of another encoding): every file a run
+    writes names its folder in UTF-8."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     parser, problems = OverridesParser.create(), []
     for arg in args:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+            problems.append(f"{shown}: the argument is not UTF-8 text (\ufffd marks the bytes that are not): pass the value in UTF-8, e.g. rename the folder")
+            continue
         if arg.startswith("-") or "=" not in arg and not arg.startswith("~"):
             continue
         try:

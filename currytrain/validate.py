@@ -87,6 +87,37 @@ def check_tree(node: DictConfig, path: str = "") -> list[str]:
     return problems
 
 
+def argument_problems(node: Any, path: str = "", extra: Any = ()) -> list[str]:
+    """Keys of untyped nodes (a `+logger.mine={_target_: ...}` no schema types) that the callable their _target_
+    names does not take: build() would fail with a TypeError after the run started."""
+    import inspect
+
+    from hydra.utils import get_object
+
+    from currytrain.build import target_problem
+
+    problems: list[str] = []
+    if isinstance(node, DictConfig) and schema_of(node) is None and "_target_" in node:
+        target = node._get_node("_target_")._value()
+        if target_problem(target, extra) is None:
+            try:
+                parameters = inspect.signature(get_object(target)).parameters.values()
+            except (TypeError, ValueError):  # a builtin without a signature: build() says what it takes
+                parameters = None
+            if parameters is not None and not any(p.kind == p.VAR_KEYWORD for p in parameters):
+                names = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+                for key in node.keys():
+                    if not str(key).startswith("_") and key not in names:
+                        problems.append(f"{path}.{key} is not an argument of {target}, so building it would fail: remove it; its arguments: {names}")
+    if isinstance(node, DictConfig):
+        for key in node.keys():
+            problems += argument_problems(node._get_node(key), f"{path}.{key}" if path else str(key), extra)
+    elif isinstance(node, ListConfig):
+        for index in range(len(node)):
+            problems += argument_problems(node._get_node(index), f"{path}[{index}]", extra)
+    return problems
+
+
 # ------------------------------------------------------------------------------------------ across groups
 
 
@@ -449,6 +480,7 @@ def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         allow = cfg.build.allow if isinstance(cfg.build.allow, ListConfig) else []  # not a list: check_tree says so
         problems = [problem for key in cfg.keys() if key != "hydra" for problem in target_problems(cfg._get_node(key), str(key), extra=allow)]
         problems += check_tree(cfg)
+        problems += [problem for key in cfg.keys() if key != "hydra" for problem in argument_problems(cfg._get_node(key), str(key), allow)]
         for check in CROSS_GROUP_CHECKS:
             problems += _reading_files(check, cfg)
         problems += _reading_files(_check_run_dir, cfg, run_dir)
