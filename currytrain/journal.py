@@ -176,7 +176,7 @@ def read_journal(path: Path) -> Records:
     (its number and why): a last line cut short by a kill, a torn line a power cut left with the next launch's
     record glued on (that record is recovered), bytes changed by hand."""
     records, skipped = [], []
-    lines = Path(path).read_bytes().decode("utf-8", errors="replace").splitlines()
+    lines = Path(path).read_bytes().decode("utf-8", errors="replace").split("\n")  # only \n ends a record (not \x1e, \x85, ...)
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue

@@ -189,7 +189,7 @@ def model_node_of(path: str | Path) -> dict[str, Any] | None:
             data = read_yaml_mapping(candidate)
             if key is not None and key not in data:
                 raise ConfigError(f"{candidate} has no {key} node: restore it from the run that wrote it, or pass another folder")
-            return _model_node(data[key] if key else data, f"{candidate}{'s ' + key if key else ''}")
+            return _model_node(data[key] if key else data, f"{candidate}'s {key}" if key else str(candidate))
     return None
 
 
