@@ -55,7 +55,7 @@ BAD_CONFIGS = [
     (["+model.dimm=64"], ["model.dimm is not a field of GQAConfig", "did you mean model.dim?"]),
     (["+seeed=1"], ["seeed is not a field of RootConfig", "did you mean seed?"]),
     (["abort.metric=val/acc"], ["abort.metric=val/acc is not one of ['val/loss', 'train/loss']"]),
-    (["abort.window=-1"], ["abort.window=-1 must be >= 2"]),
+    (["abort.window=-1"], ["abort.window=-1 must be in [2, 1000000]"]),
     (["abort=strict"], ["abort.action=rollback restores the last good checkpoint", "trainer.checkpoint_every=<steps>"]),
     (["abort.rollback_lr_scale=2"], ["abort.rollback_lr_scale=2.0 must be in (0, 1]"]),
     (["model.dim=1000000"], ["the run needs about", "parameters), more than this machine's available RAM", "lower model.dim"]),
@@ -83,7 +83,7 @@ BAD_CONFIGS = [
     (["trainer.compile_cache="], ["trainer.compile_cache='' must name a folder: pass trainer.compile_cache=.cache/compile"]),
     (["optimizer.betas=[0.9,nan]"], ["optimizer.betas=[0.9,nan] must be a finite number in [0, 1)"]),
     (["abort.max_seconds=inf"], ["abort.max_seconds=inf must be a finite number >= 0"]),
-    (["parallel.hang_timeout=nan"], ["parallel.hang_timeout=nan must be a finite number >= 0"]),
+    (["parallel.hang_timeout=nan"], ["parallel.hang_timeout=nan must be a finite number in [0, 10000000]"]),
     (["seed=-1"], ["seed=-1 must be in [0, 2**63)"]),
     # The fields the HF families added (issue 33) declare their ranges the same way.
     (["model.attn_softcap=inf"], ["model.attn_softcap=inf must be a finite number >= 0: pass model.attn_softcap=0.0"]),
@@ -94,6 +94,17 @@ BAD_CONFIGS = [
         ["logger=[jsonl]", "logger.jsonl.filename=../../escaped.jsonl"],
         ["logger.jsonl.filename='../../escaped.jsonl' must name a file or folder inside the run folder"],
     ),
+    # Values that passed validation and then hung or crashed (issue 46): each has its range now.
+    (["trainer.grad_accum=1000000000000000000"], ["trainer.grad_accum=1000000000000000000 must be in [1, 65536]"]),
+    (["trainer.eval_batches=1000000000000000000"], ["trainer.eval_batches=1000000000000000000 must be in [1, 65536]"]),
+    (["logger.tensorboard.flush_secs=1000000000000000000"], ["logger.tensorboard.flush_secs=1000000000000000000 must be in [1, 86400]"]),
+    (["abort.window=10000000000000000000"], ["abort.window=10000000000000000000 must be in [2, 1000000]"]),
+    (["parallel.rendezvous_timeout=1e30"], ["parallel.rendezvous_timeout=1e+30 must be"]),
+    (
+        ["+logger.mine={_target_:currytrain.logger.jsonl.JsonlLogger,filenme:x.jsonl}"],
+        ["logger.mine.filenme is not an argument of currytrain.logger.jsonl.JsonlLogger", "['run_dir', 'filename']"],
+    ),
+    (["hydra.run.dir=/tmp/run_\udcff_folder"], ["is not UTF-8 text", "pass the value in UTF-8"]),
 ]
 
 

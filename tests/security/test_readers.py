@@ -139,3 +139,25 @@ def test_fuzzed_complete_markers_are_read_or_refused_never_raised(marker, tmp_pa
     for reader in (lambda: checkpoint_problem(step), lambda: checkpoint_step(step), lambda: marker_config(step), lambda: model_node_of(step)):
         result = _bounded(reader)
         assert not isinstance(result, BaseException) or isinstance(result, ConfigError), repr(result)
+
+
+@pytest.mark.reliability(
+    kind="untrusted",
+    artifact="run folder's resolved.yaml (diagnose --anomaly)",
+    refused_by="validated as a launch is, its own build.allow dropped, before anything is built",
+)
+def test_diagnose_anomaly_never_builds_what_a_run_folder_names(run_copy, tmp_path, capsys):
+    """--anomaly re-runs a run's config to find the first non-finite module: the config is the run folder's own."""
+    import yaml
+
+    marker = tmp_path / "ran"
+    resolved = yaml.safe_load((run_copy / "resolved.yaml").read_text())
+    resolved["build"] = {"allow": ["builtins"]}  # what the run folder would allow, module-wide
+    resolved["data"] = {"_target_": "builtins.open", "file": str(marker), "mode": "w"}
+    (run_copy / "resolved.yaml").write_text(yaml.safe_dump(resolved))
+    with (run_copy / "journal.jsonl").open("a") as journal:  # a non-finite loss: what --anomaly looks into
+        journal.write(json.dumps({"type": "metrics", "time": "2026-01-01T00:00:00+00:00", "step": 3, "train/loss": float("nan")}) + "\n")
+    assert main(["diagnose", str(run_copy), "--anomaly"]) == 2
+    err = capsys.readouterr().err
+    assert "--anomaly does not re-run" in err and "data._target_=builtins.open is not a registered component" in err, err
+    assert "Traceback" not in err and not marker.exists(), "the run folder's target was built"
