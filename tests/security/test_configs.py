@@ -97,3 +97,59 @@ def test_the_command_line_is_trusted_for_what_only_it_may_say(tmp_path):
         f"hydra.run.dir={run_dir}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+NOTE_CALLBACK = '''from pathlib import Path
+
+from hydra.experimental.callback import Callback
+
+
+class Note(Callback):
+    """A Hydra callback of the project's own: leaves a file where it is told when a run starts."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def on_run_start(self, config, **kwargs):
+        Path(self.path).write_text("started")
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.reliability(
+    kind="untrusted",
+    artifact="a `currytrain init` project's experiment file",
+    refused_by="the project's launch.py checks the hydra.* subtree as it composes; a callback the project registers runs",
+)
+def test_a_projects_experiment_file_names_only_what_the_project_registered(tmp_path):
+    import subprocess
+    import sys
+
+    from currytrain.project.init import init_project
+
+    project, marker, noted = tmp_path / "proj", tmp_path / "ran", tmp_path / "noted"
+    init_project(project)
+    (project / "experiments" / "callbacks.py").write_text(NOTE_CALLBACK)
+    init = project / "experiments" / "__init__.py"
+    init.write_text(init.read_text().replace("TARGETS: list[str] = []", 'TARGETS: list[str] = ["experiments.callbacks.Note"]'))
+    experiments = project / "conf" / "experiment"
+    (experiments / "shared.yaml").write_text("# @package _global_\nhydra:\n  callbacks:\n    evil: " + OPEN.format(marker=marker) + "\n")
+    (experiments / "noted.yaml").write_text(f"# @package _global_\nhydra:\n  callbacks:\n    note: {{_target_: experiments.callbacks.Note, path: '{noted}'}}\n")
+    quick = [
+        "trainer.max_steps=2",
+        "trainer.batch_size=2",
+        "trainer.eval_batches=1",
+        "optimizer.schedule.warmup_steps=0",
+        "logger=[jsonl]",
+        "trainer.progress=false",
+    ]
+
+    def launch_project(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "launch.py", *args], cwd=project, capture_output=True, text=True, timeout=600)
+
+    refused = launch_project("experiment=shared", *quick, f"hydra.run.dir={tmp_path / 'refused'}")
+    assert refused.returncode == 2 and "hydra.callbacks.evil._target_=builtins.open is not a registered component" in refused.stderr, refused.stderr[-3000:]
+    assert not marker.exists() and not (tmp_path / "refused").exists()
+    allowed = launch_project("experiment=noted", *quick, f"hydra.run.dir={tmp_path / 'allowed'}")
+    assert allowed.returncode == 0, allowed.stderr[-3000:]
+    assert noted.read_text() == "started", "the project's registered callback ran"
