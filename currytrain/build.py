@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Mapping
+from types import ModuleType
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -49,39 +50,33 @@ OPTUNA_PRUNERS = (
 )
 COMPONENTS = (
     "currytrain.abort.monitor.AbortMonitor",
-    *(
-        f"currytrain.check.{name}"
-        for name in (
-            "ablation.Ablation",
-            "capacity.Capacity",
-            "ladder.Ladder",
-            "lr_range.LRRange",
-            "mup.MupCheck",
-            "preflight.Preflight",
-            "probe_tasks.Probe",
-            "sanity.Sanity",
-            "scaling.Scaling",
-            "seeds.Seeds",
-            "skeleton.Skeleton",
-        )
-    ),
-    *(
-        f"currytrain.data.{name}"
-        for name in (
-            "corpus.StdlibBytes",
-            "corpus.SyntheticTokens",
-            "corpus.TextFiles",
-            "probe.ProbeTasks",
-            "tabular.Digits",
-            "tabular.TableFile",
-            "tokens.TokenizedText",
-        )
-    ),
-    *(
-        f"currytrain.logger.{name}"
-        for name in ("aim.AimLogger", "jsonl.JsonlLogger", "mlflow.MLflowLogger", "tensorboard.TensorBoardLogger", "wandb.WandbLogger")
-    ),
-    *(f"currytrain.model.{name}" for name in ("gqa.GQATransformer", "mlp.MLPClassifier", "moe.MoETransformer", "spiking.SpikingTransformer")),
+    "currytrain.check.ablation.Ablation",
+    "currytrain.check.capacity.Capacity",
+    "currytrain.check.ladder.Ladder",
+    "currytrain.check.lr_range.LRRange",
+    "currytrain.check.mup.MupCheck",
+    "currytrain.check.preflight.Preflight",
+    "currytrain.check.probe_tasks.Probe",
+    "currytrain.check.sanity.Sanity",
+    "currytrain.check.scaling.Scaling",
+    "currytrain.check.seeds.Seeds",
+    "currytrain.check.skeleton.Skeleton",
+    "currytrain.data.corpus.StdlibBytes",
+    "currytrain.data.corpus.SyntheticTokens",
+    "currytrain.data.corpus.TextFiles",
+    "currytrain.data.probe.ProbeTasks",
+    "currytrain.data.tabular.Digits",
+    "currytrain.data.tabular.TableFile",
+    "currytrain.data.tokens.TokenizedText",
+    "currytrain.logger.aim.AimLogger",
+    "currytrain.logger.jsonl.JsonlLogger",
+    "currytrain.logger.mlflow.MLflowLogger",
+    "currytrain.logger.tensorboard.TensorBoardLogger",
+    "currytrain.logger.wandb.WandbLogger",
+    "currytrain.model.gqa.GQATransformer",
+    "currytrain.model.mlp.MLPClassifier",
+    "currytrain.model.moe.MoETransformer",
+    "currytrain.model.spiking.SpikingTransformer",
     "currytrain.optim.builders.build_adamw",
     "currytrain.optim.builders.build_sgd",
     "currytrain.parallel.strategy.Parallel",
@@ -153,7 +148,7 @@ def target_problem(target: Any, extra: Iterable[str] = ()) -> str | None:
     except Exception as error:  # any import failure is the user's to fix
         reason = " ".join(str(error.__cause__ or error).split())
         return f"{target} cannot be imported ({reason}): check the spelling, or that the module imports"
-    if not callable(found) or isinstance(found, type(re)):
+    if not callable(found) or isinstance(found, ModuleType):
         return f"{target} resolves to {found!r}, which is not a class or function: name the class or function itself"
     return None
 
