@@ -10,7 +10,9 @@ command_line_problems checks when the config is composed).
 
 The `hydra.*` subtree names code too, which Hydra builds itself (callbacks, launcher, sweeper, logging handlers
 and factories) or hands to processes (the job's environment): hydra_problems checks it by the same rule, as the
-config is composed and before Hydra builds anything from it (currytrain.config installs that check).
+config is composed and before Hydra builds anything from it (currytrain.config installs that check). A node Hydra
+builds with `_recursive_: false` (curryTrain's sweeper) has its own target checked; what it holds is the plugin's to
+build, and curryTrain's sweeper builds its sampler and pruner through build().
 """
 
 from __future__ import annotations
@@ -300,8 +302,12 @@ def hydra_problems(cfg: DictConfig, overrides: Iterable[str] = ()) -> list[str]:
     if not isinstance(hydra, DictConfig):
         return problems
     raw = _raw(hydra)
-    for part in ("callbacks", "launcher", "sweeper"):
-        problems += [f"hydra.{key}={problem}" for key, target in targets(raw.get(part), part) if (problem := target_problem(target))]
+    nodes = [(f"callbacks.{name}", node) for name, node in (raw.get("callbacks") or {}).items()] if isinstance(raw.get("callbacks"), Mapping) else []
+    for path, node in [*nodes, ("launcher", raw.get("launcher")), ("sweeper", raw.get("sweeper"))]:
+        built = (
+            targets(node, path) if not (isinstance(node, Mapping) and node.get("_recursive_") is False) else targets({"_target_": node.get("_target_")}, path)
+        )
+        problems += [f"hydra.{key}={problem}" for key, target in built if (problem := target_problem(target))]
     problems += _callback_problems(raw.get("callbacks"), _is_curry_train(cfg))
     for part in ("job_logging", "hydra_logging"):
         problems += _logging_problems(raw.get(part), f"hydra.{part}")

@@ -36,8 +36,9 @@ EXPERIMENTS = {
         "hydra.hydra_logging.handlers.console.stream",
     ),
     "hydra.launcher: its class": ("hydra:\n  launcher:\n    _target_: builtins.open\n", "hydra.launcher._target_=builtins.open"),
-    "hydra.sweeper: a nested target": (
-        "defaults:\n  - override /hydra/sweeper: currytrain\nhydra:\n  sweeper:\n    sampler: " + OPEN + "\n",
+    "hydra.sweeper: its class": ("hydra:\n  sweeper:\n    _target_: builtins.open\n", "hydra.sweeper._target_=builtins.open"),
+    "hydra.sweeper: the sampler it builds": (
+        "defaults:\n  - override /hydra/sweeper: currytrain\nhydra:\n  mode: MULTIRUN\n  sweeper:\n    sampler: " + OPEN + "\n",
         "hydra.sweeper.sampler._target_=builtins.open",
     ),
     "hydra.job.env_set: LD_PRELOAD": ("hydra:\n  job:\n    env_set:\n      LD_PRELOAD: '{marker}'\n", "hydra.job.env_set.LD_PRELOAD"),
