@@ -204,8 +204,23 @@ EARLIER_RUN = ("journal.jsonl", "resolved.yaml", "metrics.jsonl")
 """What an earlier run leaves in its folder (besides checkpoints): a new run there would replace or mix them."""
 
 
+def _unwritable(run_dir: str) -> list[str]:
+    """The run folder (or the nearest folder above it that exists) must be writable: a run writes only there."""
+    import os
+
+    existing = Path(run_dir).resolve()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
+        return []
+    why = "is not a folder" if existing.exists() and not existing.is_dir() else "cannot be written (read-only or not permitted)"
+    return [f"hydra.run.dir={run_dir}: {existing} {why}: choose a run folder on a writable file system (hydra.run.dir, or hydra.sweep.dir for -m)"]
+
+
 def _check_run_dir(cfg: DictConfig, run_dir: str | None) -> list[str]:
     """Never train over an earlier run's checkpoints unless asked to resume them; resume only what fits."""
+    if run_dir is not None and (unwritable := _unwritable(run_dir)):
+        return unwritable
     resume = cfg.trainer.resume
     if run_dir is not None and resume == "none":
         checkpoints = Path(run_dir) / "checkpoints"
@@ -610,6 +625,8 @@ class ValidateCallback(Callback):
                 acquire(run_dir)
             except ConfigError as error:  # another process took it since the look above
                 raise ConfigRejected(error) from None
+            except OSError as error:  # the folder became unwritable since the look above
+                raise ConfigRejected(ConfigError(f"hydra.run.dir={run_dir} cannot be written ({error.strerror}): choose another run folder")) from None
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
         """The run's job ended without releasing the folder (Hydra failed before the task ran)."""

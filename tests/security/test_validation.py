@@ -91,3 +91,34 @@ def test_a_crash_inside_validation_stops_the_command_with_its_traceback_and_runs
     assert result.returncode == 1, result.stderr[-3000:]
     assert "validating the config failed; nothing ran" in result.stderr and "RuntimeError: a bug inside a check" in result.stderr, result.stderr[-3000:]
     assert "Traceback" in result.stderr and not run_dir.exists()
+
+
+@pytest.fixture
+def read_only_folder(tmp_path):
+    """A folder no run may write into: made read-only by its mode, or (for root, whom modes do not stop) a read-only
+    tmpfs mounted there; the test skips where neither can be had."""
+    import os
+    import subprocess
+
+    folder = tmp_path / "read_only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    mounted = False
+    if os.access(folder, os.W_OK):
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True).returncode == 0
+        if not mounted:
+            folder.chmod(0o755)
+            pytest.skip("cannot make a folder read-only here (root, and no mount)")
+    yield folder
+    if mounted:
+        subprocess.run(["umount", str(folder)], capture_output=True)
+    folder.chmod(0o755)
+
+
+@pytest.mark.reliability(kind="bad input", group="hydra")
+def test_a_read_only_run_folder_is_refused_naming_it(read_only_folder):
+    result = launch(f"hydra.run.dir={read_only_folder / 'run'}")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert f"{read_only_folder} cannot be written" in result.stderr and "Traceback" not in result.stderr and "UserWarning" not in result.stderr, result.stderr[
+        -3000:
+    ]
