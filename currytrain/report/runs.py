@@ -125,6 +125,8 @@ def find_runs(location: str | Path, skipped: list[str] | None = None) -> list[Ru
             if skipped is None:
                 raise
             skipped.append(str(error))
+    if not runs and not skipped:
+        raise ConfigError(f"{location} holds no run folder (no {JOURNAL} below it): pass a run, multirun or sweep folder")
     if not runs:
-        raise ConfigError(f"{location} holds no readable run folder (no {JOURNAL} below it, or none whose config reads): pass a run, multirun or sweep folder")
+        raise ConfigError(f"{location} holds no run folder whose config reads ({'; '.join(skipped or [])}): pass a run, multirun or sweep folder")
     return runs
