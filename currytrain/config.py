@@ -108,13 +108,11 @@ class RootConfig:
 
 
 def store_schemas(schemas: dict[str, dict[str, type]]) -> None:
-    """Store each schema in Hydra's ConfigStore and register its `_target_` (configs may name it: currytrain.build)."""
     cs = ConfigStore.instance()
     for group, options in schemas.items():
         for name, schema in options.items():
             # Stored outside the option's own group so `Available options in 'model'` lists only real options.
             cs.store(group=f"schema/{group}", name=name, node=schema)
-            register_targets(schema_targets(schema))
 
 
 def schema_targets(schema: type) -> list[str]:
@@ -136,14 +134,16 @@ def experiment_config_modules() -> list[str]:
 
 def register_configs() -> None:
     """Store the root schema, every built-in option's schema and those of the project's experiments; register the
-    project's TARGETS (experiments/__init__.py and experiments/<name>/config.py); check every composition."""
+    targets the project's schemas name and its TARGETS (experiments/__init__.py, experiments/<name>/config.py), so
+    configs may name them (currytrain.build); check every composition."""
     ConfigStore.instance().store(name="root_schema", node=RootConfig)
     store_schemas(SCHEMAS)
     if importlib.util.find_spec("experiments") is not None:
         register_targets(getattr(importlib.import_module("experiments"), "TARGETS", ()))
-    for module in experiment_config_modules():
+    for module in experiment_config_modules():  # curryTrain's own targets are build.COMPONENTS already
         config = importlib.import_module(module)
         store_schemas(config.SCHEMAS)
+        register_targets(target for options in config.SCHEMAS.values() for schema in options.values() for target in schema_targets(schema))
         register_targets(getattr(config, "TARGETS", ()))
     check_compositions()
 
