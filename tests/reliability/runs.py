@@ -13,7 +13,7 @@ RUN = (
     "trainer.checkpoint_every=2",
     "trainer.keep_last=4",
     "logger=[jsonl]",
-    "build.allow=[tests.faulty.DiskFiller,tests.faulty.ReadOnlyAfter,tests.faulty.Killer]",
+    "build.allow=[tests.faulty.DiskFiller,tests.faulty.ReadOnlyAfter,tests.faulty.Killer,tests.faulty.SlowLogger]",
 )
 """8 TINY steps, checkpoints every 2 steps, evaluations every 3; build.allow lets the fault components in (by their exact names)."""
 

@@ -152,7 +152,7 @@ def render(rows: list[dict]) -> str:
         + (f" ({100 * handled // len(bad)}%)" if bad else ""),
     ]
     if untrusted:
-        lines.append(f"- untrusted artifacts crafted to run code: {len(untrusted)}; refused with nothing run: {refused}")
+        lines.append(f"- crafted untrusted artifacts: {len(untrusted)}; refused or read safely, with nothing in them run: {refused}")
     for row in fuzz:
         ok = row["outcome"] == "passed"
         lines.append(
