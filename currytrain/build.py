@@ -70,6 +70,7 @@ COMPONENTS = (
     "currytrain.data.tabular.Digits",
     "currytrain.data.tabular.TableFile",
     "currytrain.data.tokens.TokenizedText",
+    "currytrain.eval.runner.Evaluators",
     "currytrain.logger.aim.AimLogger",
     "currytrain.logger.jsonl.JsonlLogger",
     "currytrain.logger.mlflow.MLflowLogger",

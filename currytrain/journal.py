@@ -202,7 +202,7 @@ def _parse(line: str) -> tuple[Any, str | None]:
 
 RESTARTS = ("resume", "rollback", "restart")
 """Events after which a run re-runs the steps past the checkpoint it loaded (the event's step)."""
-CURVES = ("metrics", "eval")
+CURVES = ("metrics", "eval", "evaluation")
 
 
 def superseded(records: list[dict]) -> set[int]:

@@ -111,7 +111,8 @@ class ProbeTasks:
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The task's own loss (currytrain.model.protocol: a data adapter's loss comes first): the cross-entropy
-        of the answers alone, whatever loss or ignore index the model brings."""
+        of the answers alone, whatever loss or ignore index the model brings. Its mean is over the targets that are
+        not IGNORE, the ignore index a step counts by (-100): one number says it exactly."""
         return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
 
     def describe(self) -> dict:

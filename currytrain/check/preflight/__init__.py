@@ -1,9 +1,11 @@
 """Stage preflight: cheap assertions about the training step, each a probe over the built Components.
 The probes live by family beside this module: wiring.py (optimizer, gradients, one step), modes.py
-(train/eval, causality) and leakage.py (labels, batches, splits).
+(train/eval, causality), leakage.py (labels, batches, splits) and normalization.py (the loss rule: one batch's
+gradient as microbatches and ranks).
 
 optimizer coverage, learning rates per group, frozen parameters, gradient flow, zero_grad between steps, train/eval mode, label
-dependence and leakage, causality, train/val overlap and deterministic batches, one step lowers the loss.
+dependence and leakage, causality, train/val overlap and deterministic batches, one step lowers the loss, the loss's
+normalization over microbatches and ranks.
 Data that reports its own leakage checks (tables: data=digits|table, see currytrain.data.pipeline) gets
 them as findings here; the probes of token streams (label leakage on random tokens, causality, overlap of
 windows) run only when the inputs are token ids.
@@ -14,6 +16,7 @@ from collections.abc import Sequence
 
 from currytrain.check.preflight.leakage import batch_determinism, label_dependence, label_leakage, loss_sign, split_leakage, train_val_overlap
 from currytrain.check.preflight.modes import causality, train_eval_mode
+from currytrain.check.preflight.normalization import loss_normalization
 from currytrain.check.preflight.wiring import (
     frozen_parameters,
     gradient_flow,
@@ -74,6 +77,7 @@ class Preflight(Stage):
             "deterministic batches": lambda: batch_determinism(parts, self.batch_size),
             "no train/val overlap": lambda: train_val_overlap(parts, self.overlap_windows, self.max_overlap, self.warn_overlap),
             "one step lowers the loss": lambda: one_step_decreases_loss(parts, step, batch),
+            "loss normalization": lambda: loss_normalization(parts, self.batch_size),
         }
         if batch[0].is_floating_point():  # rows of features, not token ids: nothing to shift, mask or randomise
             for name in ("no label leakage", "causality", "no train/val overlap"):
