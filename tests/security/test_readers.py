@@ -123,8 +123,11 @@ def test_fuzzed_resolved_yaml_is_read_or_refused_never_raised(text, tmp_path_fac
     for reader in (lambda: read_yaml_mapping(run / "resolved.yaml"), lambda: model_node_of(run)):
         result = _bounded(reader)
         assert not isinstance(result, BaseException) or isinstance(result, ConfigError), repr(result)
+    from currytrain.eval.source import codec_problem, run_config
     from currytrain.report.runs import load_run
 
+    result = _bounded(lambda: codec_problem(run_config(run)))
+    assert not isinstance(result, BaseException) or isinstance(result, ConfigError), repr(result)
     result = _bounded(lambda: load_run(run))
     assert not isinstance(result, BaseException) or isinstance(result, ConfigError), repr(result)
 
@@ -161,3 +164,32 @@ def test_diagnose_anomaly_never_builds_what_a_run_folder_names(run_copy, tmp_pat
     err = capsys.readouterr().err
     assert "--anomaly does not re-run" in err and "data._target_=builtins.open is not a registered component" in err, err
     assert "Traceback" not in err and not marker.exists(), "the run folder's target was built"
+
+
+def _bomb(run, marker):
+    """resolved.yaml whose last key doubles 40 times: 2**40 characters for a reader that resolves it."""
+    lines = ["l0: x"] + [f"l{n}: ${{l{n - 1}}}${{l{n - 1}}}" for n in range(1, 41)]
+    (run / "resolved.yaml").write_text((run / "resolved.yaml").read_text() + "\n".join(lines) + "\n")
+
+
+def _gadget_model(run, marker):
+    """The latest checkpoint's marker names the model as builtins.open of the marker path (its files' checksums hold)."""
+    step = run / "checkpoints" / "step_4"
+    complete = json.loads((step / MARKER).read_text())
+    (step / MARKER).write_text(json.dumps({**complete, "model": {"_target_": "builtins.open", "file": str(marker), "mode": "w"}}))
+
+
+@pytest.mark.reliability(
+    kind="untrusted",
+    artifact="run folder read by generate and eval (resolved.yaml, the checkpoint's model node)",
+    refused_by="resolved.yaml read with bounded work, the model built by exact registered target",
+)
+@pytest.mark.parametrize("craft", [_bomb, _gadget_model], ids=["nested interpolations", "gadget model target"])
+@pytest.mark.parametrize("command", [["generate", "--prompt", "a", "--max-new-tokens", "2"], ["eval"]], ids=["generate", "eval"])
+def test_generate_and_eval_neither_expand_nor_build_what_a_run_folder_names(command, craft, run_copy, tmp_path, capsys):
+    marker = tmp_path / "ran"
+    craft(run_copy, marker)
+    assert _bounded(lambda: main([command[0], str(run_copy), *command[1:]])) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and not marker.exists(), err
+    assert ("interpolation" in err) if craft is _bomb else ("builtins.open is not a registered component" in err), err
