@@ -36,7 +36,8 @@ signals) and docs/config.md (validation).
 THREAT_MODEL = """## Trust boundaries
 
 What curryTrain trusts is the code it runs and the person at the keyboard: curryTrain itself, the project's own
-Python (its experiments/ packages, its launch.py), the installed packages, and the command line. The config tree
+Python (its experiments/ packages, its launch.py, the lm-evaluation-harness task folders named in
+`eval.task_paths`, whose `!function` entries are Python), the installed packages, and the command line. The config tree
 of curryTrain and of the project (conf/) is trusted for its values. Everything a run or a command reads from
 files that others write or share is not trusted: checkpoints (DCP shards, `.metadata`, the COMPLETE marker), run
 folders (resolved.yaml, journal.jsonl, metrics, .hydra/), Optuna studies (their storage and trial attributes),
@@ -58,7 +59,8 @@ may run.**
   that caused it, or exit 1 with the traceback for a bug in curryTrain), never a warning.
 - Nothing is deleted unasked: a destructive command (`hf export --overwrite`) refuses a run folder or any folder
   holding one, and a rerun into a run folder that cannot be resumed exits 2 naming it.
-- Readers (journal, compare, diagnose, verify) skip what is damaged and say where, with bounded work.
+- Readers (journal, compare, diagnose, verify, generate, eval) skip what is damaged and say where, with bounded
+  work; generate and eval build a run folder's model by the same exact registered targets.
 
 Each row of the Untrusted artifacts table below is a crafted artifact (tests/security/) that would create a
 marker file if anything in it ran; it is refused, and the marker is absent.

@@ -9,6 +9,7 @@ import json
 import string
 import threading
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -193,3 +194,51 @@ def test_generate_and_eval_neither_expand_nor_build_what_a_run_folder_names(comm
     err = capsys.readouterr().err
     assert "Traceback" not in err and not marker.exists(), err
     assert ("interpolation" in err) if craft is _bomb else ("builtins.open is not a registered component" in err), err
+
+
+# ------------------------------------------------------------------------------------------------- the token cache
+
+
+def _pickled_offsets(cache, marker):
+    """docs.npy as numpy writes an object array: a pickle whose items reduce to os.mkdir(marker)."""
+    from security.crafted import Mkdir
+
+    np.save(cache / "docs.npy", np.array([Mkdir(marker), Mkdir(marker)], dtype=object), allow_pickle=True)
+
+
+def _cut(name):
+    def cut(cache, marker):
+        path = next(cache.glob(name))
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+    return cut
+
+
+TOKEN_CACHE_DAMAGE = {
+    "tokens.bin cut short": _cut("tokens.bin"),
+    "a split's train.bin cut short": _cut("split-*/train.bin"),
+    "meta.json of the wrong shape": lambda cache, marker: (cache / "meta.json").write_text('{"dtype": "object"}'),
+    "docs.npy an object array of pickles": _pickled_offsets,
+}
+
+
+@pytest.mark.reliability(
+    kind="untrusted", artifact="token cache (data=tokens)", refused_by="sizes and shapes checked against meta.json; docs.npy read without pickle"
+)
+@pytest.mark.parametrize("damage", list(TOKEN_CACHE_DAMAGE), ids=list(TOKEN_CACHE_DAMAGE))
+def test_a_damaged_token_cache_is_refused_naming_it_and_kept(damage, tmp_path):
+    pytest.importorskip("tokenizers")
+    from tiny_tokenizer import train_tokenizer, write_corpus
+
+    from currytrain.data.tokens import TokenizedText
+
+    tokenizer, text, marker = train_tokenizer(tmp_path / "tokenizer"), write_corpus(tmp_path / "text", num_files=4, repeat=5), tmp_path / "ran"
+    build = lambda: TokenizedText(str(tokenizer), [str(text)], seq_len=16, cache_dir=str(tmp_path / "cache"))  # noqa: E731
+    cache = build().cache
+    TOKEN_CACHE_DAMAGE[damage](cache, marker)
+    kept = {path.name: path.read_bytes() for path in cache.rglob("*") if path.is_file()}
+    with pytest.raises(ConfigError, match="is damaged") as refused:
+        build()
+    assert str(cache) in str(refused.value) and "data.cache_dir" in str(refused.value)
+    assert {path.name: path.read_bytes() for path in cache.rglob("*") if path.is_file()} == kept, "the cache was changed"
+    assert not marker.exists()
