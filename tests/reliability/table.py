@@ -60,7 +60,8 @@ may run.**
 - Nothing is deleted unasked: a destructive command (`hf export --overwrite`) refuses a run folder or any folder
   holding one, and a rerun into a run folder that cannot be resumed exits 2 naming it.
 - Readers (journal, compare, diagnose, verify, generate, eval) skip what is damaged and say where, with bounded
-  work; generate and eval build a run folder's model by the same exact registered targets.
+  work; generate and eval build a run folder's model by the same exact registered targets. A reused token cache
+  is checked against its meta.json, and a damaged one is refused, not rebuilt over.
 
 Each row of the Untrusted artifacts table below is a crafted artifact (tests/security/) that would create a
 marker file if anything in it ran; it is refused, and the marker is absent.
