@@ -181,19 +181,28 @@ def _diagnose(args: argparse.Namespace) -> None:
 
 def run_or_composed(overrides: list[str]) -> DictConfig:
     """The config a command reads: the resolved.yaml of a run folder given first (the `key=value` overrides after it
-    applied), else the config `python launch.py OVERRIDES` runs, composed in the project this command runs in."""
-    from currytrain.config import compose_config
+    applied), else the config `python launch.py OVERRIDES` runs, composed in the project this command runs in. A run
+    folder's config is read as untrusted data (no interpolations, its own build.allow dropped) and typed by the
+    schemas of the project this command runs in, as a launch's config is (validate then checks it)."""
+    from currytrain.config import compose_config, register_configs
 
     if not overrides or not Path(overrides[0]).expanduser().is_dir():
         return compose_config(overrides)
     from omegaconf import DictConfig, OmegaConf
 
-    from currytrain.weights import RESOLVED
+    from currytrain.conf import enter_app
+    from currytrain.validate import raise_on_problems, typed_run_config
+    from currytrain.weights import RESOLVED, read_yaml_mapping
 
     run = Path(overrides[0]).expanduser()
     if not (run / RESOLVED).is_file():
         raise ConfigError(f"{overrides[0]} is a folder without {RESOLVED}: pass a run folder (python launch.py writes one), or launch.py overrides")
-    cfg = OmegaConf.load(run / RESOLVED)
+    enter_app()  # the project's schemas and experiments, as composing would see them
+    register_configs()
+    data = read_yaml_mapping(run / RESOLVED)
+    data["build"] = {"allow": []}  # what a run folder allows is not the reader's to trust
+    cfg, problems = typed_run_config(data)
+    raise_on_problems(problems)
     for change in overrides[1:]:
         key = change.partition("=")[0]
         if "=" not in change or OmegaConf.select(cfg, key, default=None) is None or isinstance(OmegaConf.select(cfg, key), DictConfig):
