@@ -276,8 +276,10 @@ def _advise(args: argparse.Namespace) -> None:
     from currytrain.advise import advise, parse_bytes, print_advice
     from currytrain.estimate import device_memory
     from currytrain.parallel.dims import launched_world_size
+    from currytrain.validate import raise_on_problems, validate
 
     cfg = run_or_composed(args.overrides)
+    raise_on_problems(validate(cfg))  # the model it builds (on the meta device) names a registered class
     world = args.gpus or launched_world_size(cfg.parallel.nproc)
     memory = parse_bytes(args.gpu_mem) if args.gpu_mem else device_memory(cfg.trainer.device)[0]
     result = advise(cfg, world, memory)

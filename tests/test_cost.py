@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from omegaconf import OmegaConf
 
 from currytrain.benchmark import model_flops_per_token
 from currytrain.cli import main as currytrain_main
@@ -55,3 +56,18 @@ def test_cost_settings_are_validated_with_their_key(compose_cfg):
     problems = validate(compose_cfg("cost.mfu=1.5", "cost.device=tpu"))
     assert any(p.startswith("cost.mfu=1.5 must be in (0, 1]") for p in problems), problems
     assert any(p.startswith("cost.device=tpu is not one of ['cpu', 'cuda']") for p in problems), problems
+
+
+@pytest.mark.parametrize("command", [["estimate"], ["advise", "--gpus", "2", "--gpu-mem", "1GiB"], ["bench", "--steps", "1", "--warmup", "0"]])
+def test_a_run_folders_config_is_checked_before_a_tool_builds_from_it(compose_cfg, tmp_path, capsys, command):
+    """estimate, advise and bench on a run folder: its resolved.yaml is untrusted data (an edited file, a shared
+    folder); a _target_ curryTrain does not register is refused by name before anything is built, exit 2."""
+    data = OmegaConf.to_container(compose_cfg(), resolve=True)
+    data["model"]["_target_"] = "os.system"
+    data["build"] = {"allow": ["os.system"]}  # a run folder's own allow-list is not the reader's to trust
+    (tmp_path / "resolved.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(data)))
+    assert currytrain_main([command[0], str(tmp_path), *command[1:]]) == 2
+    assert "os.system" in capsys.readouterr().err
+    data["model"]["_target_"] = "currytrain.model.gqa.GQATransformer"
+    (tmp_path / "resolved.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(data)))
+    assert currytrain_main([command[0], str(tmp_path), *command[1:], *(["--json"] if command[0] != "bench" else [])]) == 0
