@@ -112,6 +112,8 @@ class PrepareOptions:
     repair: bool = False
     """Re-check a finished cache's checksums and redo its damaged shards (currytrain data prepare), instead of
     refusing it (a run)."""
+    existing: bool = False
+    """Only find a finished cache, never prepare one (currytrain data verify)."""
 
 
 def partial_of(folder: Path) -> Path:
@@ -124,6 +126,11 @@ def ensure_cache(spec: CorpusSpec, cache_dir: Path, options: PrepareOptions) -> 
     folder = cache_dir / spec.key()
     if (folder / META).is_file() and not options.repair:
         return folder, False
+    if options.existing:
+        raise ConfigError(
+            f"data: the token cache of {len(spec.files)} file(s) ({spec.files[0]}, ...) is not prepared ({folder} is missing; a file whose size or "
+            "modification time changed needs a new one): run `currytrain data prepare <the same overrides>`"
+        )
     cache_dir.mkdir(parents=True, exist_ok=True)
     if int(os.environ.get("LOCAL_RANK", "0")) > 0:
         _wait_for(lambda: (folder / META).is_file(), LATER_RANK_DELAY_S)

@@ -145,3 +145,51 @@ class TokenizedText(TokenCorpus):
                 source.name: {"weight": source.weight, "token_cache": str(source.folder), "tokens": source.meta["num_tokens"]} for source in self.sources
             }
         return described
+
+
+def _sources_of(fields: dict[str, Any], options: PrepareOptions) -> list[Source]:
+    """The prepared sources of data=tokens fields (a resolved data config node as a dict)."""
+    target = f"{TokenizedText.__module__}.{TokenizedText.__qualname__}"
+    if fields.get("_target_") != target:
+        raise ConfigError(
+            f"currytrain data prepares data=tokens (a tokenizer and text files); data builds {fields.get('_target_')}, which reads its data "
+            "when a run starts: pass data=tokens data.tokenizer=... data.paths=[...]"
+        )
+    keys = ("tokenizer", "paths", "sources", "suffixes", "documents", "text_field", "eos_token", "cache_dir")
+    return prepare_sources(*(fields[key] for key in keys), options)
+
+
+def prepare_data(fields: dict[str, Any]) -> list[str]:
+    """`currytrain data prepare`: prepare every source's cache (mending a damaged one) and cut the split of
+    data.seed and data.val_fraction, so that runs start without tokenizing; returns what to print."""
+    options = PrepareOptions(workers=fields["workers"], shard_bytes=fields["shard_mb"] << 20, wait_s=fields["prepare_wait"], repair=True)
+    lines = []
+    for source in _sources_of(fields, options):
+        spans = split_spans(source.folder, source.meta, fields["seed"], fields["val_fraction"])
+        meta = source.meta
+        sizes = {name: int((spans[name][:, 2] - spans[name][:, 1]).sum()) for name in spans}
+        lines.append(
+            f"{source.name}: {source.folder} ({'prepared now' if source.built else 'ready'}): {len(meta['shards'])} shards, "
+            f"{meta['num_docs']:,} documents, {meta['num_tokens']:,} tokens ({meta['dtype']}); split seed {fields['seed']}: "
+            f"{sizes['train']:,} train / {sizes['val']:,} val tokens"
+        )
+    return lines
+
+
+def verify_data(fields: dict[str, Any]) -> list[str]:
+    """`currytrain data verify`: every shard's ids against their checksums and every input byte against the hashes
+    taken when the cache was prepared; a ConfigError naming each problem, else what to print."""
+    from currytrain.data.prepare import input_problems
+
+    options = PrepareOptions(existing=True)
+    lines, problems = [], []
+    for source in _sources_of(fields, options):
+        found = cache_problems(source.folder, source.meta, deep=True) + input_problems(source.meta)
+        problems += [f"{source.name}: {problem}" for problem in found]
+        lines.append(f"{source.name}: {source.folder}: {'ok' if not found else f'{len(found)} problem(s)'}")
+    if problems:
+        raise ConfigError(
+            "data verify found problems:\n  - " + "\n  - ".join(problems) + "\nrun `currytrain data prepare <the same overrides>` to redo damaged shards; "
+            "a changed input file gets a new cache when its size or time changed, else remove the cache folder"
+        )
+    return lines
