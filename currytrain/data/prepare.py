@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -214,6 +214,7 @@ def prepare(spec: CorpusSpec, folder: Path, options: PrepareOptions) -> bool:
         shutil.rmtree(partial, ignore_errors=True)  # bad input: the key changes once the files are fixed
         raise
     meta = _meta(spec, tokenizer, dtype, [records[index] for index in range(len(units))])
+    meta["prepared_by"] = asdict(lock.me())
     if meta["num_docs"] == 0:
         shutil.rmtree(partial, ignore_errors=True)
         raise ConfigError("data.paths hold no text (every file or record is empty): pass files with text")

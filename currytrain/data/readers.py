@@ -34,7 +34,7 @@ ROWS_PER_BATCH = 1024
 """Parquet rows decoded at a time."""
 _SEPARATOR = re.compile(rb"\n\s*\n")
 """A paragraph separator: whitespace holding two newlines or more (bytes: \\s is ASCII whitespace)."""
-PIECEWISE_SAMPLES = (("def f(x):\n", "    return x\n"), ("The cat sat.\n", "It was happy."), ("a = 1\n", "b = 2\n"))
+PIECEWISE_SAMPLES = (("def f(x):\n", "return x\n"), ("The cat sat.\n", "It was happy."), ("a = 1\n", "b = 2\n"), ("x\n", "y"))
 """Texts cut at a newline whose two parts a tokenizer must encode as it encodes the whole, for a document longer
 than BLOCK to be encoded block by block (byte-level BPE does; a tokenizer that adds a prefix space does not)."""
 
