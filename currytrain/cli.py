@@ -216,7 +216,7 @@ def _data(args: argparse.Namespace) -> None:
     from omegaconf import OmegaConf
 
     from currytrain.config import compose_config
-    from currytrain.data.tokens import prepare_data, verify_data
+    from currytrain.data.sources import prepare_data, verify_data
     from currytrain.validate import check_tree, raise_on_problems, unreadable_values
 
     cfg = compose_config(args.overrides)

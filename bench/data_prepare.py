@@ -1,0 +1,270 @@
+"""Preparing a corpus at scale (`currytrain data prepare`, currytrain/data/prepare.py), against the tokenizers
+library's own encode_batch over the same files, in one script.
+
+    nice -n 10 .venv/bin/python bench/data_prepare.py                      # 1 GB and 5 GB corpora
+    .venv/bin/python bench/data_prepare.py --sizes 0.05 --startup-repeats 1    # a smoke run
+
+For each size it generates a JSON-lines corpus of English-like documents (files of FILE_MB each), trains (once) a
+byte-level BPE tokenizer of 8,192 ids on a sample, and measures:
+
+- the preparation: `python -m currytrain.cli data prepare data=tokens ...` in its own process, its wall time,
+  MB/s and tokens/s, and the peak resident memory of its whole process tree (the preparing process and its
+  tokenizing workers, sampled every 0.2 s from /proc) and of its largest process;
+- the baseline: one process reading the same files line by line and encoding batches of documents with
+  `Tokenizer.encode_batch` on all cores (TOKENIZERS_PARALLELISM=true), counting the ids, writing nothing;
+- on the smallest size, the preparation in one process (data.workers=1: encode_batch's own threads) beside the
+  worker processes (data.workers=0: one per core), which is how the default was chosen;
+- on the largest size, the added start-up of a run on its prepared cache: `python launch.py` for one step on
+  the default corpus (data=bytes) and on the cache (data=tokens), taking turns, medians of wall times.
+
+Ratios are what count: every figure of one row comes from the same machine in the same minutes. The corpora and
+caches are deleted at the end unless --keep. Results are printed and, with --out, written as markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FILE_MB = 512
+"""Size of each generated corpus file (a corpus of 5 GB is ten of them)."""
+VOCAB = 8192
+TINY_RUN = [
+    "model.dim=64",
+    "model.n_layers=2",
+    "model.n_heads=4",
+    "model.n_kv_heads=2",
+    "model.mlp_hidden=128",
+    "model.max_seq_len=128",
+    "trainer.batch_size=4",
+    "trainer.max_steps=1",
+    "trainer.eval_every=1",
+    "trainer.eval_batches=1",
+    "trainer.progress=false",
+    "optimizer.schedule.warmup_steps=0",
+    "logger=[jsonl]",
+]
+
+BASELINE = r"""
+import json, os, sys, time
+os.environ["TOKENIZERS_PARALLELISM"] = "true"
+from tokenizers import Tokenizer
+tokenizer = Tokenizer.from_file(sys.argv[1])
+started, tokens, size, batch = time.perf_counter(), 0, 0, []
+def flush():
+    global tokens, batch
+    tokens += sum(len(encoding.ids) for encoding in tokenizer.encode_batch(batch, add_special_tokens=False))
+    batch = []
+for path in sys.argv[2:]:
+    size += os.path.getsize(path)
+    with open(path, "rb") as lines:
+        for line in lines:
+            batch.append(json.loads(line)["text"])
+            if len(batch) == 512:
+                flush()
+flush()
+print(json.dumps({"seconds": time.perf_counter() - started, "tokens": tokens, "bytes": size}))
+"""
+
+
+def words() -> list[str]:
+    """English-like words: those of the standard library's comments and docstrings, most common first."""
+    counts: dict[str, int] = {}
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:300]:
+        for word in re.findall(r"\b[a-z]{2,14}\b", path.read_text(encoding="utf-8", errors="replace")):
+            counts[word] = counts.get(word, 0) + 1
+    return sorted(counts, key=counts.get, reverse=True)[:8000]
+
+
+def document_pool(rng: random.Random, count: int) -> list[str]:
+    """`count` documents of 100-2,000 words drawn by a Zipf-like law, in sentences and paragraphs."""
+    vocabulary = words()
+    weights = [1 / (rank + 1) for rank in range(len(vocabulary))]
+    pool = []
+    for _ in range(count):
+        chosen = rng.choices(vocabulary, weights, k=rng.randrange(100, 2000))
+        sentences = [" ".join(chosen[i : i + 14]).capitalize() + "." for i in range(0, len(chosen), 14)]
+        pool.append("\n\n".join(" ".join(sentences[i : i + 5]) for i in range(0, len(sentences), 5)))
+    return pool
+
+
+def generate(folder: Path, size_gb: float, pool: list[str], rng: random.Random) -> list[Path]:
+    """A JSON-lines corpus of about size_gb GB: the pool's documents in a shuffled order, each with its own number."""
+    folder.mkdir(parents=True, exist_ok=True)
+    target, written, number, files = int(size_gb * 1e9), 0, 0, []
+    while written < target:
+        path = folder / f"part-{len(files):05d}.jsonl"
+        with path.open("w") as sink:
+            held = 0
+            while held < FILE_MB << 20 and written + held < target:
+                line = json.dumps({"id": number, "text": f"Document {number}. " + pool[rng.randrange(len(pool))]}) + "\n"
+                sink.write(line)
+                held += len(line)
+                number += 1
+        written += held
+        files.append(path)
+    return files
+
+
+def train_tokenizer(folder: Path, pool: list[str]) -> Path:
+    path = folder / "tokenizer.json"
+    if path.is_file():
+        return path
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(pool[:2000], trainer=trainer)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(path))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eos>"}))
+    return path
+
+
+def tree_rss(pid: int) -> tuple[int, int]:
+    """(total, largest) resident bytes of `pid` and its descendants, read from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [child for child, of in parents.items() if of == parent and child not in tree]
+        tree.update(children)
+        frontier += children
+    sizes = []
+    for member in tree:
+        try:
+            status = Path(f"/proc/{member}/status").read_text()
+            sizes.append(int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024)
+        except (OSError, AttributeError):
+            pass
+    return sum(sizes), max(sizes, default=0)
+
+
+def watched(args: list[str], env: dict[str, str] | None = None) -> dict:
+    """Run `args`; its wall seconds, peak tree and process RSS, and its output."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(args, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak_tree = peak_one = 0
+    while proc.poll() is None:
+        total, largest = tree_rss(proc.pid)
+        peak_tree, peak_one = max(peak_tree, total), max(peak_one, largest)
+        time.sleep(0.2)
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(args[:6])} ... failed ({proc.returncode}):\n{err[-3000:]}")
+    return {"seconds": time.perf_counter() - started, "peak_tree": peak_tree, "peak_process": peak_one, "stdout": out, "stderr": err}
+
+
+def prepare(tokenizer: Path, files: list[Path], cache: Path, workers: int, shard_mb: int) -> dict:
+    overrides = ["data=tokens", f"data.tokenizer={tokenizer}", f"data.paths=[{files[0].parent}]", f"data.cache_dir={cache}", f"data.workers={workers}"]
+    overrides.append(f"data.shard_mb={shard_mb}")
+    result = watched([sys.executable, "-m", "currytrain.cli", "data", "prepare", *overrides], {"PYTHONPATH": str(ROOT)})
+    [folder] = [path for path in cache.iterdir() if (path / "meta.json").is_file()]
+    meta = json.loads((folder / "meta.json").read_text())
+    return {**result, "tokens": meta["num_tokens"], "docs": meta["num_docs"], "bytes": sum(p.stat().st_size for p in files), "folder": folder}
+
+
+def baseline(tokenizer: Path, files: list[Path]) -> dict:
+    result = watched([sys.executable, "-c", BASELINE, str(tokenizer), *map(str, files)])
+    found = json.loads(result["stdout"])
+    return {**result, **found, "seconds": found["seconds"]}
+
+
+def startup(tokenizer: Path, corpus: Path, cache: Path, repeats: int, folder: Path) -> dict[str, float]:
+    """Median wall seconds of a one-step run on the default corpus and on the prepared cache, taking turns."""
+    runs = {
+        "default corpus": [],
+        "prepared cache": ["data=tokens", f"data.tokenizer={tokenizer}", f"data.paths=[{corpus}]", f"data.cache_dir={cache}", f"model.vocab_size={VOCAB}"],
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in runs}
+    for repeat in range(repeats):
+        for name, overrides in runs.items():
+            run_dir = folder / f"run-{name.split()[0]}-{repeat}"
+            result = watched([sys.executable, str(ROOT / "launch.py"), *TINY_RUN, *overrides, f"hydra.run.dir={run_dir}"])
+            if name == "prepared cache" and "token cache reused" not in result["stdout"] + result["stderr"]:
+                raise SystemExit(f"the run on the cache did not reuse it:\n{result['stdout'][-2000:]}{result['stderr'][-2000:]}")
+            seconds[name].append(result["seconds"])
+    return {name: statistics.median(values) for name, values in seconds.items()}
+
+
+def row(name: str, result: dict) -> str:
+    mb_s, tokens_s = result["bytes"] / 1e6 / result["seconds"], result["tokens"] / result["seconds"]
+    return f"| {name} | {result['bytes'] / 1e9:.2f} | {result['seconds']:.0f} | {mb_s:.2f} | {tokens_s / 1e6:.3f} | {result['peak_tree'] / 2**30:.2f} | {result['peak_process'] / 2**30:.2f} |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="1,5", help="corpus sizes in GB, comma-separated (default 1,5)")
+    parser.add_argument("--baseline-sizes", default=None, help="sizes that also run the encode_batch baseline (default: all)")
+    parser.add_argument("--startup-repeats", type=int, default=3, help="one-step runs of each kind for the start-up (default 3)")
+    parser.add_argument("--workdir", default=None, help="where corpora and caches go (default: a temporary folder)")
+    parser.add_argument("--shard-mb", type=int, default=128, help="data.shard_mb of the preparations (default 128, the default)")
+    parser.add_argument("--keep", action="store_true", help="keep the corpora and caches")
+    parser.add_argument("--out", default=None, help="also write the results as markdown to this file")
+    args = parser.parse_args()
+    sizes = [float(size) for size in args.sizes.split(",")]
+    baseline_sizes = sizes if args.baseline_sizes is None else [float(size) for size in args.baseline_sizes.split(",")]
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="currytrain-data-bench-"))
+    rng = random.Random(0)
+    pool = document_pool(rng, 20_000)
+    tokenizer = train_tokenizer(work / "tokenizer", pool)
+    lines = [
+        f"cores: {len(os.sched_getaffinity(0))}, tokenizer: byte-level BPE of {VOCAB} ids, corpus: JSON lines of English-like documents",
+        "",
+        "| run | GB | seconds | MB/s | M tokens/s | peak RSS, all processes (GiB) | peak RSS, largest process (GiB) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    ratios, start = [], None
+    try:
+        for size in sizes:
+            corpus = generate(work / f"corpus-{size:g}", size, pool, rng)
+            ours = prepare(tokenizer, corpus, work / f"cache-{size:g}", workers=0, shard_mb=args.shard_mb)
+            lines.append(row(f"data prepare, {size:g} GB (worker processes)", ours))
+            if size == min(sizes):
+                alone = prepare(tokenizer, corpus, work / f"cache-{size:g}-one", workers=1, shard_mb=args.shard_mb)
+                lines.append(row(f"data prepare, {size:g} GB (one process, encode_batch threads)", alone))
+            if size in baseline_sizes:
+                base = baseline(tokenizer, corpus)
+                lines.append(row(f"encode_batch baseline, {size:g} GB", base))
+                ratios.append((size, base["seconds"] / ours["seconds"]))
+            print("\n".join(lines[-3:]), flush=True)
+            if size == max(sizes):
+                start = startup(tokenizer, corpus[0].parent, work / f"cache-{size:g}", args.startup_repeats, work)
+            if not args.keep:
+                subprocess.run(["rm", "-rf", str(corpus[0].parent), str(work / f"cache-{size:g}"), str(work / f"cache-{size:g}-one")], check=True)
+    finally:
+        if not args.keep:
+            subprocess.run(["rm", "-rf", str(work)], check=False)
+    lines.append("")
+    lines += [f"throughput of data prepare / encode_batch baseline, {size:g} GB: {ratio:.2f}x" for size, ratio in ratios]
+    if start:
+        lines.append(
+            f"start-up of a one-step run: default corpus {start['default corpus']:.2f} s, prepared {max(sizes):g} GB cache "
+            f"{start['prepared cache']:.2f} s: added {start['prepared cache'] - start['default corpus']:+.2f} s (medians of {args.startup_repeats})"
+        )
+    print("\n".join(lines))
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
