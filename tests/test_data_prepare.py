@@ -293,3 +293,54 @@ def test_a_damaged_cache_is_refused_by_a_run_and_mended_by_data_prepare(tokenize
     os.utime(big, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert currytrain_main(["data", "verify", *args]) == 2
     assert re.search(r"big\.txt bytes 0-\d+ changed since the cache was prepared", capsys.readouterr().err)
+
+
+# ------------------------------------------------------------------------------- document-aware packing
+
+
+def test_document_layout_restarts_positions_and_masks_across_documents():
+    from currytrain.model.decoder import document_layout
+
+    tokens = torch.tensor([[5, 6, 0, 7, 8, 9, 0, 4], [1, 2, 3, 4, 5, 6, 7, 8]])  # 0 ends a document
+    positions, mask = document_layout(tokens, 0, True, True)
+    assert positions.tolist() == [[0, 1, 2, 0, 1, 2, 3, 0], list(range(8))]
+    assert mask.shape == (2, 1, 8, 8)
+    assert mask[0, 0, 4].tolist() == [False, False, False, True, True, False, False, False]  # token 4 sees its document's 3 and 4
+    assert torch.equal(mask[1, 0], torch.ones(8, 8, dtype=torch.bool).tril())
+    assert document_layout(tokens, 0, False, False)[0].tolist() == [list(range(8))] * 2
+
+
+@pytest.mark.parametrize("family", ["gqa", "moe"])
+def test_a_packed_document_is_seen_as_if_alone(family, compose_cfg):
+    """With both options, the logits of a document packed after another equal its logits alone: positions restart
+    and attention does not reach back into the previous document. Without them, they differ."""
+    from currytrain.model import build_model
+
+    cfg = compose_cfg(f"model={family}", "model.vocab_size=64", "model.max_seq_len=16")
+    torch.manual_seed(0)
+    model = build_model(cfg.model).eval()
+    first, second = torch.tensor([[5, 9, 11, 3, 0]]), torch.tensor([[7, 2, 13, 8, 21, 4]])  # 0 ends the first
+    packed = torch.cat([first, second], dim=1)
+    with torch.no_grad():
+        alone = model(second)[0]
+        plain = model(packed)[0, first.shape[1] :]
+        model.use_document_boundaries(0, restart_positions=True, masked=True)
+        aware = model(packed)[0, first.shape[1] :]
+        assert torch.equal(model(second)[0], alone), "a window of one document is unchanged"
+    assert torch.allclose(aware, alone, atol=1e-5) and not torch.allclose(plain, alone, atol=1e-3)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_run_packs_documents_when_asked_and_refuses_what_cannot(tokenizer, tmp_path, compose_cfg):
+    from currytrain.validate import validate
+
+    text = write_corpus(tmp_path / "text")
+    args = overrides(tokenizer, [text], tmp_path / "cache", f"model.vocab_size={VOCAB}", "data.restart_positions=true", "data.mask_documents=true")
+    result = launch(*args, "trainer.max_steps=3", f"hydra.run.dir={tmp_path / 'run'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    problems = validate(compose_cfg(*args, "parallel=cp", "parallel.nproc=2", "parallel.cp=2"))
+    assert any("cannot go with parallel.cp=2" in problem for problem in problems), problems
+    problems = validate(compose_cfg(*args, "model=spiking"))
+    assert any("needs a RoPE decoder (model=gqa or model=moe)" in problem for problem in problems), problems
+    none = launch(*args, "data.eos_token=none", f"hydra.run.dir={tmp_path / 'none'}")
+    assert none.returncode == 2 and "pass data.eos_token=<a token of the vocabulary>" in none.stderr

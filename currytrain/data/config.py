@@ -132,6 +132,12 @@ class TokensConfig:
     prepare_wait: float = bounded(600.0, gt=0)
     """Seconds a process waits for another one preparing the same cache without a shard being finished, before
     it gives up naming that process."""
+    restart_positions: bool = False
+    """Document-aware packing: positions restart at 0 after each EOS, so every document starts at position 0
+    (the model must offer it: model=gqa, model=moe). False: positions run across the window, documents and all."""
+    mask_documents: bool = False
+    """Document-aware packing: attention does not cross an EOS; each token attends to the earlier tokens of its
+    own document only. Usually with restart_positions=true."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:

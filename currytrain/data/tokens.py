@@ -59,6 +59,8 @@ class TokenizedText(TokenCorpus):
         workers: int = 0,
         shard_mb: int = 128,
         prepare_wait: float = 600.0,
+        restart_positions: bool = False,
+        mask_documents: bool = False,
     ):
         options = PrepareOptions(workers=workers, shard_bytes=shard_mb << 20, wait_s=prepare_wait)
         self.sources = prepare_sources(tokenizer, paths, sources, list(suffixes), documents, text_field, eos_token, cache_dir, options)
@@ -77,6 +79,20 @@ class TokenizedText(TokenCorpus):
             weights = [source.weight for source in self.sources]
             train, val = MixedStream([s[0] for s in streams], weights), MixedStream([s[1] for s in streams], weights)
         super().__init__(train, val, seq_len, seed)
+        self.document_boundaries = self._boundaries(restart_positions, mask_documents)
+
+    def _boundaries(self, restart_positions: bool, mask_documents: bool) -> tuple[int, bool, bool] | None:
+        """What the model is asked to respect (currytrain.model.protocol.apply_document_boundaries): (the EOS id
+        that ends each document, restart positions, mask attention), or None."""
+        if not (restart_positions or mask_documents):
+            return None
+        eos = {source.meta["eos_id"] for source in self.sources}
+        if None in eos:
+            raise ConfigError(
+                "data.restart_positions / data.mask_documents find documents by the EOS after each, and data.eos_token adds none "
+                "(its tokenizer_config.json names no eos_token, or eos_token=none): pass data.eos_token=<a token of the vocabulary>"
+            )
+        return (eos.pop(), restart_positions, mask_documents)
 
     def describe(self) -> dict:
         described = {**super().describe(), "token_cache": str(self.cache), "cache": "built" if self.built else "reused"}
