@@ -9,7 +9,7 @@ byte-level BPE tokenizer of 8,192 ids on a sample, and measures:
 
 - the preparation: `python -m currytrain.cli data prepare data=tokens ...` in its own process, its wall time,
   MB/s and tokens/s, and the peak resident memory of its whole process tree (the preparing process and its
-  tokenizing workers, sampled every 0.2 s from /proc) and of its largest process;
+  tokenizing workers, sampled every 0.5 s from /proc) and of its largest process;
 - the baseline: one process reading the same files line by line and encoding batches of documents with
   `Tokenizer.encode_batch` on all cores (TOKENIZERS_PARALLELISM=true), counting the ids, writing nothing;
 - on the smallest size, the preparation in one process (data.workers=1: encode_batch's own threads) beside the
@@ -135,20 +135,17 @@ def train_tokenizer(folder: Path, pool: list[str]) -> Path:
 
 
 def tree_rss(pid: int) -> tuple[int, int]:
-    """(total, largest) resident bytes of `pid` and its descendants, read from /proc."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                pass
-    tree, frontier = {pid}, [pid]
+    """(total, largest) resident bytes of `pid` and its descendants, read from /proc (Linux)."""
+    tree, frontier = [pid], [pid]
     while frontier:
         parent = frontier.pop()
-        children = [child for child, of in parents.items() if of == parent and child not in tree]
-        tree.update(children)
-        frontier += children
+        for task in Path(f"/proc/{parent}/task").glob("*/children"):
+            try:
+                children = [int(child) for child in task.read_text().split()]
+            except OSError:
+                continue
+            tree += children
+            frontier += children
     sizes = []
     for member in tree:
         try:
@@ -160,18 +157,23 @@ def tree_rss(pid: int) -> tuple[int, int]:
 
 
 def watched(args: list[str], env: dict[str, str] | None = None) -> dict:
-    """Run `args`; its wall seconds, peak tree and process RSS, and its output."""
-    started = time.perf_counter()
-    proc = subprocess.Popen(args, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak_tree = peak_one = 0
-    while proc.poll() is None:
-        total, largest = tree_rss(proc.pid)
-        peak_tree, peak_one = max(peak_tree, total), max(peak_one, largest)
-        time.sleep(0.2)
-    out, err = proc.communicate()
+    """Run `args`; its wall seconds, peak tree and process RSS, and its output (through files: a pipe left
+    unread could fill and stall it)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen(args, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=out, stderr=err, text=True)
+        peak_tree = peak_one = 0
+        while proc.poll() is None:
+            total, largest = tree_rss(proc.pid)
+            peak_tree, peak_one = max(peak_tree, total), max(peak_one, largest)
+            time.sleep(0.5)
+        seconds = time.perf_counter() - started
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
     if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(args[:6])} ... failed ({proc.returncode}):\n{err[-3000:]}")
-    return {"seconds": time.perf_counter() - started, "peak_tree": peak_tree, "peak_process": peak_one, "stdout": out, "stderr": err}
+        raise SystemExit(f"{' '.join(args[:6])} ... failed ({proc.returncode}):\n{stderr[-3000:]}")
+    return {"seconds": seconds, "peak_tree": peak_tree, "peak_process": peak_one, "stdout": stdout, "stderr": stderr}
 
 
 def prepare(tokenizer: Path, files: list[Path], cache: Path, workers: int, shard_mb: int) -> dict:

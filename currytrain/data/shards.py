@@ -146,7 +146,7 @@ def encode_unit(
         encoder = _Encoder(tokenizer, eos, writer, progress.encoded)
         for piece in pieces:
             for segment in read_piece(piece, text_field, piecewise):
-                progress.position(segment.position)
+                progress.position(min(segment.position, piece.size))  # a piece's last record may run past its end
                 encoder.add(segment)
             encoder.flush()
             progress.piece_base += piece.size
