@@ -7,8 +7,8 @@ library's own encode_batch over the same files, in one script.
 For each size it generates a JSON-lines corpus of English-like documents (files of FILE_MB each), trains (once) a
 byte-level BPE tokenizer of 8,192 ids on a sample, and measures:
 
-- the preparation: `python -m currytrain.cli data prepare data=tokens ...` in its own process, its wall time,
-  MB/s and tokens/s, and the peak resident memory of its whole process tree (the preparing process and its
+- the preparation: `python -m currytrain.cli data prepare data=tokens ...` in its own process, its wall time and
+  CPU time (its workers' included), MB/s and tokens/s, and the peak resident memory of its whole process tree (the preparing process and its
   tokenizing workers, sampled every 0.5 s from /proc) and of its largest process;
 - the baseline: one process reading the same files line by line and encoding batches of documents with
   `Tokenizer.encode_batch` on all cores (TOKENIZERS_PARALLELISM=true), counting the ids, writing nothing;
@@ -28,6 +28,7 @@ import json
 import os
 import random
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -160,6 +161,7 @@ def watched(args: list[str], env: dict[str, str] | None = None) -> dict:
     """Run `args`; its wall seconds, peak tree and process RSS, and its output (through files: a pipe left
     unread could fill and stall it)."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         proc = subprocess.Popen(args, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=out, stderr=err, text=True)
         peak_tree = peak_one = 0
@@ -168,12 +170,14 @@ def watched(args: list[str], env: dict[str, str] | None = None) -> dict:
             peak_tree, peak_one = max(peak_tree, total), max(peak_one, largest)
             time.sleep(0.5)
         seconds = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)  # every descendant waited for: the workers too
+        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(args[:6])} ... failed ({proc.returncode}):\n{stderr[-3000:]}")
-    return {"seconds": seconds, "peak_tree": peak_tree, "peak_process": peak_one, "stdout": stdout, "stderr": stderr}
+    return {"seconds": seconds, "cpu": cpu, "peak_tree": peak_tree, "peak_process": peak_one, "stdout": stdout, "stderr": stderr}
 
 
 def prepare(tokenizer: Path, files: list[Path], cache: Path, workers: int, shard_mb: int) -> dict:
@@ -210,7 +214,10 @@ def startup(tokenizer: Path, corpus: Path, cache: Path, repeats: int, folder: Pa
 
 def row(name: str, result: dict) -> str:
     mb_s, tokens_s = result["bytes"] / 1e6 / result["seconds"], result["tokens"] / result["seconds"]
-    return f"| {name} | {result['bytes'] / 1e9:.2f} | {result['seconds']:.0f} | {mb_s:.2f} | {tokens_s / 1e6:.3f} | {result['peak_tree'] / 2**30:.2f} | {result['peak_process'] / 2**30:.2f} |"
+    return (
+        f"| {name} | {result['bytes'] / 1e9:.2f} | {result['seconds']:.0f} | {result['cpu']:.0f} | {mb_s:.2f} | {tokens_s / 1e6:.3f} | "
+        f"{result['peak_tree'] / 2**30:.2f} | {result['peak_process'] / 2**30:.2f} |"
+    )
 
 
 def main() -> None:
@@ -232,8 +239,8 @@ def main() -> None:
     lines = [
         f"cores: {len(os.sched_getaffinity(0))}, tokenizer: byte-level BPE of {VOCAB} ids, corpus: JSON lines of English-like documents",
         "",
-        "| run | GB | seconds | MB/s | M tokens/s | peak RSS, all processes (GiB) | peak RSS, largest process (GiB) |",
-        "|---|---|---|---|---|---|---|",
+        "| run | GB | wall s | CPU s | MB/s | M tokens/s | peak RSS, all processes (GiB) | peak RSS, largest process (GiB) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     ratios, start = [], None
     try:
@@ -247,7 +254,7 @@ def main() -> None:
             if size in baseline_sizes:
                 base = baseline(tokenizer, corpus)
                 lines.append(row(f"encode_batch baseline, {size:g} GB", base))
-                ratios.append((size, base["seconds"] / ours["seconds"]))
+                ratios.append((size, base["seconds"] / ours["seconds"], base["cpu"] / ours["cpu"]))
             print("\n".join(lines[-3:]), flush=True)
             if size == max(sizes):
                 start = startup(tokenizer, corpus[0].parent, work / f"cache-{size:g}", args.startup_repeats, work)
@@ -257,7 +264,9 @@ def main() -> None:
         if not args.keep:
             subprocess.run(["rm", "-rf", str(work)], check=False)
     lines.append("")
-    lines += [f"throughput of data prepare / encode_batch baseline, {size:g} GB: {ratio:.2f}x" for size, ratio in ratios]
+    lines += [
+        f"throughput of data prepare / encode_batch baseline, {size:g} GB: {wall:.2f}x by wall time, {cpu:.2f}x by CPU time" for size, wall, cpu in ratios
+    ]
     if start:
         lines.append(
             f"start-up of a one-step run: default corpus {start['default corpus']:.2f} s, prepared {max(sizes):g} GB cache "
