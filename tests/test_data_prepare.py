@@ -302,6 +302,13 @@ def test_a_damaged_cache_is_refused_by_a_run_and_mended_by_data_prepare(tokenize
     assert (folder / "shard-000000.bin").read_bytes() == good
     assert verify_data(fields) == [f"data: {folder}: ok"]
 
+    meta = (folder / META).read_text()
+    (folder / META).write_text(meta[: len(meta) // 2])  # a cut meta.json
+    with pytest.raises(ConfigError, match=r"meta\.json cannot be read"):
+        TokenizedText(str(tokenizer), [str(text)], seq_len=16, cache_dir=str(tmp_path / "cache"))
+    prepare_data(fields)
+    assert json.loads((folder / META).read_text()) == json.loads(meta) | {"prepared_by": json.loads((folder / META).read_text())["prepared_by"]}
+
     stat, data = big.stat(), bytearray(big.read_bytes())
     data[len(data) // 2] = ord("X")  # same size, edges and modification time: only a full hash sees it
     big.write_bytes(bytes(data))
