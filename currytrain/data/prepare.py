@@ -226,11 +226,11 @@ def prepare(spec: CorpusSpec, folder: Path, options: PrepareOptions) -> bool:
     os.rename(partial, folder)
     seconds = time.monotonic() - started
     log.info(
-        "token cache prepared by this process: %s (%d shards, %d documents, %d tokens, %d encoded in %.1f s)",
+        "token cache prepared by this process: %s (%d shards, %s documents, %s tokens; %d shards encoded in %.1f s)",
         folder,
         len(units),
-        meta["num_docs"],
-        meta["num_tokens"],
+        f"{meta['num_docs']:,}",
+        f"{meta['num_tokens']:,}",
         len(todo),
         seconds,
     )
