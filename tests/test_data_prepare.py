@@ -199,6 +199,16 @@ def test_a_waiting_process_names_the_holder_and_gives_up_after_prepare_wait(toke
     released.release()
 
 
+def test_progress_off_a_terminal_is_a_line_of_rates_and_eta(tokenizer, tmp_path, monkeypatch, caplog):
+    from currytrain.data import prepare
+
+    monkeypatch.setattr(prepare, "NOTE_EVERY_S", 0.0)
+    with caplog.at_level("INFO", logger="currytrain.data.prepare"):
+        TokenizedText(str(tokenizer), [str(write_corpus(tmp_path / "text"))], seq_len=16, cache_dir=str(tmp_path / "cache"))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("tokenizing")]
+    assert lines and re.fullmatch(r"tokenizing \w+: [\d.]+ of [\d.]+ GB \(100%\), [\d.]+ MB/s, \d+ docs/s, [\d.]+M tokens/s, ETA 0:00:00", lines[-1]), lines
+
+
 # ---------------------------------------------------------------------------------------------- mixtures
 
 
