@@ -128,7 +128,7 @@ def train_tokenizer(folder: Path, pool: list[str]) -> Path:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tokenizer.train_from_iterator(pool[:2000], trainer=trainer)
+    tokenizer.train_from_iterator(pool[:500], trainer=trainer)
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(path))
     (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eos>"}))
@@ -186,7 +186,7 @@ def prepare(tokenizer: Path, files: list[Path], cache: Path, workers: int, shard
     result = watched([sys.executable, "-m", "currytrain.cli", "data", "prepare", *overrides], {"PYTHONPATH": str(ROOT)})
     [folder] = [path for path in cache.iterdir() if (path / "meta.json").is_file()]
     meta = json.loads((folder / "meta.json").read_text())
-    return {**result, "tokens": meta["num_tokens"], "docs": meta["num_docs"], "bytes": sum(p.stat().st_size for p in files), "folder": folder}
+    return {**result, "tokens": meta["num_tokens"], "docs": meta["num_docs"], "shards": meta["shards"], "bytes": sum(p.stat().st_size for p in files)}
 
 
 def baseline(tokenizer: Path, files: list[Path]) -> dict:
@@ -226,7 +226,9 @@ def main() -> None:
     parser.add_argument("--baseline-sizes", default=None, help="sizes that also run the encode_batch baseline (default: all)")
     parser.add_argument("--startup-repeats", type=int, default=3, help="one-step runs of each kind for the start-up (default 3)")
     parser.add_argument("--workdir", default=None, help="where corpora and caches go (default: a temporary folder)")
-    parser.add_argument("--shard-mb", type=int, default=128, help="data.shard_mb of the preparations (default 128, the default)")
+    parser.add_argument(
+        "--shard-mb", type=int, default=0, help="data.shard_mb of the preparations; 0: 128 (the default), smaller where a corpus would give < 4 per core"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the corpora and caches")
     parser.add_argument("--out", default=None, help="also write the results as markdown to this file")
     args = parser.parse_args()
@@ -234,7 +236,7 @@ def main() -> None:
     baseline_sizes = sizes if args.baseline_sizes is None else [float(size) for size in args.baseline_sizes.split(",")]
     work = Path(args.workdir or tempfile.mkdtemp(prefix="currytrain-data-bench-"))
     rng = random.Random(0)
-    pool = document_pool(rng, 20_000)
+    pool = document_pool(rng, 5_000)
     tokenizer = train_tokenizer(work / "tokenizer", pool)
     lines = [
         f"cores: {len(os.sched_getaffinity(0))}, tokenizer: byte-level BPE of {VOCAB} ids, corpus: JSON lines of English-like documents",
@@ -246,10 +248,12 @@ def main() -> None:
     try:
         for size in sizes:
             corpus = generate(work / f"corpus-{size:g}", size, pool, rng)
-            ours = prepare(tokenizer, corpus, work / f"cache-{size:g}", workers=0, shard_mb=args.shard_mb)
-            lines.append(row(f"data prepare, {size:g} GB (worker processes)", ours))
+            # Enough shards for every worker to have several: a corpus of one shard is encoded in one process.
+            shard_mb = args.shard_mb or max(1, min(128, int(size * 1e9 / 2**20) // (4 * len(os.sched_getaffinity(0)))))
+            ours = prepare(tokenizer, corpus, work / f"cache-{size:g}", workers=0, shard_mb=shard_mb)
+            lines.append(row(f"data prepare, {size:g} GB ({len(ours['shards'])} shards, worker processes)", ours))
             if size == min(sizes):
-                alone = prepare(tokenizer, corpus, work / f"cache-{size:g}-one", workers=1, shard_mb=args.shard_mb)
+                alone = prepare(tokenizer, corpus, work / f"cache-{size:g}-one", workers=1, shard_mb=shard_mb)
                 lines.append(row(f"data prepare, {size:g} GB (one process, encode_batch threads)", alone))
             if size in baseline_sizes:
                 base = baseline(tokenizer, corpus)
