@@ -275,6 +275,8 @@ def test_bad_input_exits_2_naming_the_file_and_line_and_leaves_no_cache(tokenize
     cases["json"] = ([tmp_path / "json.jsonl"], [], r"json\.jsonl line 4 is not JSON")
     (tmp_path / "field.jsonl").write_text(json.dumps({"text": "ok"}) + "\n" + json.dumps({"body": "no text"}) + "\n")
     cases["field"] = ([tmp_path / "field.jsonl"], [], r"data.text_field=text: .*field\.jsonl line 2 has no string field 'text' \(it has \['body'\]\)")
+    (tmp_path / "surrogate.jsonl").write_text(json.dumps({"text": "ok"}) + "\n" + '{"text": "half a pair \\ud83d here"}\n')
+    cases["surrogate"] = ([tmp_path / "surrogate.jsonl"], [], r"surrogate\.jsonl line 2 holds text that is not valid Unicode")
     pq.write_table(pa.table({"content": ["a row of text"] * 4}), tmp_path / "rows.parquet")
     cases["column"] = ([tmp_path / "rows.parquet"], [], r"rows\.parquet has no column 'text' \(it has \['content'\]\)")
     for name, (paths, more, message) in cases.items():

@@ -123,6 +123,11 @@ class Segment:
     ends: bool
     position: int
     """Bytes of the piece read so far (for progress)."""
+    origin: tuple[str, int] | None = None
+    """(file, byte offset) of a JSON-lines record, to name its line when the tokenizer refuses it."""
+
+    def where(self) -> str:
+        return f"{self.origin[0]} line {line_number(*self.origin)}" if self.origin else "a document"
 
 
 def read_piece(piece: Piece, text_field: str, piecewise: bool = True) -> Iterator[Segment]:
@@ -169,7 +174,7 @@ def _lines(piece: Piece, text_field: str) -> Iterator[Segment]:
                 continue
             text = _record_text(line, piece.path, offset, text_field)
             if text.strip():
-                yield Segment(text, True, position - piece.start)
+                yield Segment(text, True, position - piece.start, (piece.path, offset))
 
 
 def _line_start(handle: Any, start: int) -> int:

@@ -85,7 +85,10 @@ class _Encoder:
     def flush(self) -> None:
         if not self.pending:
             return
-        encodings = self.encode([segment.text for segment in self.pending], add_special_tokens=False)
+        try:
+            encodings = self.encode([segment.text for segment in self.pending], add_special_tokens=False)
+        except Exception as error:  # the library raises TypeError and others for text it cannot take
+            raise self.refused(error) from None
         parts, ends, start = [], [], self.writer.tokens
         position = start
         for segment, encoding in zip(self.pending, encodings):
@@ -100,6 +103,19 @@ class _Encoder:
         self.writer.ends += ends
         self.report(len(ends), position - start)
         self.pending, self.chars = [], 0
+
+    def refused(self, error: Exception) -> Exception:
+        """A ConfigError naming the document the tokenizer refused (text that is not valid Unicode: a JSON escape
+        of half a surrogate pair), or `error` itself when no document alone explains it."""
+        for segment in self.pending:
+            try:
+                segment.text.encode("utf-8")
+            except UnicodeEncodeError as bad:
+                return ConfigError(
+                    f"data.paths: {segment.where()} holds text that is not valid Unicode ({bad.reason}: {segment.text[bad.start : bad.end]!r} at "
+                    f"character {bad.start}), which the tokenizer cannot take: fix the record (a lone surrogate escape such as \\ud800) or remove the file"
+                )
+        return error
 
     def close(self) -> None:
         """The unit's last batch; a document still open (its file ended in blank blocks) is closed."""
