@@ -15,7 +15,8 @@ byte-level BPE tokenizer of 8,192 ids on a sample, and measures:
 - on the smallest size, the preparation in one process (data.workers=1: encode_batch's own threads) beside the
   worker processes (data.workers=0: one per core), which is how the default was chosen;
 - on the largest size, the added start-up of a run on its prepared cache: `python launch.py` for one step on
-  the default corpus (data=bytes) and on the cache (data=tokens), taking turns, medians of wall times.
+  the default corpus (data=bytes) and on the cache (data=tokens), taking turns, medians of wall times; and, in one
+  process, the part the data option changes: validating the config and building the data adapter.
 
 Ratios are what count: every figure of one row comes from the same machine in the same minutes. The corpora and
 caches are deleted at the end unless --keep. Results are printed and, with --out, written as markdown.
@@ -195,8 +196,29 @@ def baseline(tokenizer: Path, files: list[Path]) -> dict:
     return {**result, **found, "seconds": found["seconds"]}
 
 
-def startup(tokenizer: Path, corpus: Path, cache: Path, repeats: int, folder: Path) -> dict[str, float]:
-    """Median wall seconds of a one-step run on the default corpus and on the prepared cache, taking turns."""
+DATA_START = r"""
+import json, statistics, sys, time
+from currytrain.config import compose_config
+from currytrain.build import build
+from currytrain.validate import validate
+runs = {"default corpus": ["trainer.max_steps=1"], "prepared cache": json.loads(sys.argv[1])}
+seconds = {name: [] for name in runs}
+for repeat in range(int(sys.argv[2]) + 1):  # the first round imports what both need: not counted
+    for name, overrides in runs.items():
+        cfg = compose_config(overrides)
+        started = time.perf_counter()
+        assert validate(cfg) == []
+        build(cfg.data)
+        if repeat:
+            seconds[name].append(time.perf_counter() - started)
+print(json.dumps({name: statistics.median(values) for name, values in seconds.items()}))
+"""
+
+
+def startup(tokenizer: Path, corpus: Path, cache: Path, repeats: int, folder: Path) -> dict[str, dict[str, float]]:
+    """Medians of what a run's start costs on the default corpus and on the prepared cache, taking turns: the wall
+    seconds of a whole one-step run (`python launch.py`), and, in one process, of validating the config and
+    building the data (what the data option changes; the rest of a start is the same for both)."""
     runs = {
         "default corpus": [],
         "prepared cache": ["data=tokens", f"data.tokenizer={tokenizer}", f"data.paths=[{corpus}]", f"data.cache_dir={cache}", f"model.vocab_size={VOCAB}"],
@@ -209,7 +231,9 @@ def startup(tokenizer: Path, corpus: Path, cache: Path, repeats: int, folder: Pa
             if name == "prepared cache" and "token cache reused" not in result["stdout"] + result["stderr"]:
                 raise SystemExit(f"the run on the cache did not reuse it:\n{result['stdout'][-2000:]}{result['stderr'][-2000:]}")
             seconds[name].append(result["seconds"])
-    return {name: statistics.median(values) for name, values in seconds.items()}
+    whole = {name: statistics.median(values) for name, values in seconds.items()}
+    data = watched([sys.executable, "-c", DATA_START, json.dumps(runs["prepared cache"]), str(max(repeats, 5))], {"PYTHONPATH": str(ROOT)})
+    return {"whole run": whole, "validate + build data": json.loads(data["stdout"].strip().splitlines()[-1])}
 
 
 def row(name: str, result: dict) -> str:
@@ -271,10 +295,10 @@ def main() -> None:
     lines += [
         f"throughput of data prepare / encode_batch baseline, {size:g} GB: {wall:.2f}x by wall time, {cpu:.2f}x by CPU time" for size, wall, cpu in ratios
     ]
-    if start:
+    for what, medians in (start or {}).items():
         lines.append(
-            f"start-up of a one-step run: default corpus {start['default corpus']:.2f} s, prepared {max(sizes):g} GB cache "
-            f"{start['prepared cache']:.2f} s: added {start['prepared cache'] - start['default corpus']:+.2f} s (medians of {args.startup_repeats})"
+            f"start-up, {what}: default corpus {medians['default corpus']:.2f} s, prepared {max(sizes):g} GB cache "
+            f"{medians['prepared cache']:.2f} s: added {medians['prepared cache'] - medians['default corpus']:+.2f} s (medians)"
         )
     print("\n".join(lines))
     if args.out:
