@@ -15,8 +15,9 @@ byte-level BPE tokenizer of 8,192 ids on a sample, and measures:
 - on the smallest size, the preparation in one process (data.workers=1: encode_batch's own threads) beside the
   worker processes (data.workers=0: one per core), which is how the default was chosen;
 - on the largest size, the added start-up of a run on its prepared cache: `python launch.py` for one step on
-  the default corpus (data=bytes) and on the cache (data=tokens), taking turns, medians of wall times; and, in one
-  process, the part the data option changes: validating the config and building the data adapter.
+  the default corpus (data=bytes) and on the cache (data=tokens), the same model (8,192 ids), taking turns,
+  medians of wall times; and, in one process, the part the data option changes: validating the config and
+  building the data adapter.
 
 Ratios are what count: every figure of one row comes from the same machine in the same minutes. The corpora and
 caches are deleted at the end unless --keep. Results are printed and, with --out, written as markdown.
@@ -220,7 +221,7 @@ def startup(tokenizer: Path, corpus: Path, cache: Path, repeats: int, folder: Pa
     seconds of a whole one-step run (`python launch.py`), and, in one process, of validating the config and
     building the data (what the data option changes; the rest of a start is the same for both)."""
     runs = {
-        "default corpus": [],
+        "default corpus": [f"model.vocab_size={VOCAB}"],  # the same model: only the data differs
         "prepared cache": ["data=tokens", f"data.tokenizer={tokenizer}", f"data.paths=[{corpus}]", f"data.cache_dir={cache}", f"model.vocab_size={VOCAB}"],
     }
     seconds: dict[str, list[float]] = {name: [] for name in runs}
