@@ -301,7 +301,7 @@ def test_a_damaged_cache_is_refused_by_a_run_and_mended_by_data_prepare(tokenize
     [folder] = finished(tmp_path / "cache")
     good = (folder / "shard-000000.bin").read_bytes()
     (folder / "shard-000000.bin").write_bytes(good[:-6])  # a cut write
-    with pytest.raises(ConfigError, match=r"token cache .* cannot be trusted: .*shard-000000\.bin holds \d+ bytes.*currytrain data prepare"):
+    with pytest.raises(ConfigError, match=r"token cache .* \(data\.cache_dir\) is damaged: .*shard-000000\.bin holds \d+ bytes.*currytrain data prepare"):
         TokenizedText(str(tokenizer), [str(text)], seq_len=16, cache_dir=str(tmp_path / "cache"))
     assert currytrain_main(["data", "verify", *args]) == 2
     assert "shard-000000.bin" in capsys.readouterr().err

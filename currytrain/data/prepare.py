@@ -187,8 +187,9 @@ def prepare(spec: CorpusSpec, folder: Path, options: PrepareOptions) -> bool:
     partial = partial_of(folder)
     if (folder / META).is_file():
         try:
-            problems = cache_problems(folder, json.loads((folder / META).read_text()), deep=True)
-        except (ValueError, KeyError, TypeError) as error:  # a meta.json cut or edited: its shards are checked anew
+            meta = json.loads((folder / META).read_text())
+            problems = [problem] if (problem := meta_problem(meta)) else cache_problems(folder, meta, deep=True)
+        except ValueError as error:  # a meta.json cut or edited: its shards are checked anew
             problems = [f"{folder / META} cannot be read ({error})"]
         if not problems:
             return False
@@ -287,6 +288,31 @@ def _meta(spec: CorpusSpec, tokenizer: Any, dtype: np.dtype, records: list[dict[
         "manifest": spec.manifest(),
         "shards": records,
     }
+
+
+CACHE_DTYPES = ("uint16", "uint32")
+
+
+def meta_problem(meta: Any) -> str | None:
+    """Why a cache's meta.json is not one curryTrain writes (its counts, dtype and shard records), or None."""
+
+    def count(value: Any) -> bool:
+        return type(value) is int and value >= 0
+
+    shards = meta.get("shards") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict) or meta.get("dtype") not in CACHE_DTYPES or not all(count(meta.get(key)) for key in ("num_docs", "num_tokens", "vocab_size")):
+        return f"{META} is not the one curryTrain writes (dtype, num_docs, num_tokens, vocab_size)"
+    if not (isinstance(meta.get("eos_id"), int) or meta.get("eos_id") is None) or not isinstance(shards, list):
+        return f"{META} is not the one curryTrain writes (eos_id, shards)"
+    if not all(isinstance(record, dict) and all(count(record.get(key)) for key in ("index", "tokens", "docs")) for record in shards):
+        return f"{META} holds a shard record without its index, tokens and docs counts"
+    if (
+        len({record["index"] for record in shards}) != len(shards)
+        or sum(r["tokens"] for r in shards) != meta["num_tokens"]
+        or sum(r["docs"] for r in shards) != meta["num_docs"]
+    ):
+        return f"{META}'s shard records do not add up to its num_tokens and num_docs"
+    return None
 
 
 def cache_problems(folder: Path, meta: dict[str, Any], deep: bool = False) -> list[str]:
@@ -486,9 +512,9 @@ def split_spans(folder: Path, meta: dict[str, Any], seed: int, val_fraction: flo
     path = folder / f"split-{seed}-{val_fraction}.npz"
     if path.is_file():
         try:
-            with np.load(path) as saved:
+            with np.load(path, allow_pickle=False) as saved:
                 spans = {name: saved[name] for name in ("train", "val")}
-            if sum(int((s[:, 2] - s[:, 1]).sum()) for s in spans.values()) == meta["num_tokens"]:
+            if _spans_fit(spans, meta):
                 return spans
         except (OSError, ValueError, KeyError):
             pass
@@ -505,11 +531,24 @@ def split_spans(folder: Path, meta: dict[str, Any], seed: int, val_fraction: flo
     return spans
 
 
+def _spans_fit(spans: dict[str, np.ndarray], meta: dict[str, Any]) -> bool:
+    """Whether saved split spans are (k, 3) integer runs within the cache's shards that cover its tokens."""
+    tokens = {record["index"]: record["tokens"] for record in meta["shards"]}
+    for span in spans.values():
+        if span.ndim != 2 or span.shape[1] != 3 or span.dtype.kind not in "iu":
+            return False
+        known = np.isin(span[:, 0], list(tokens))
+        limits = np.array([tokens.get(int(index), -1) for index in span[:, 0]], dtype=np.int64)
+        if not known.all() or (span[:, 1] < 0).any() or (span[:, 1] > span[:, 2]).any() or (span[:, 2] > limits).any():
+            return False
+    return sum(int((span[:, 2] - span[:, 1]).sum()) for span in spans.values()) == meta["num_tokens"]
+
+
 def _documents(folder: Path, meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(shard, first token, end token) of every document of the cache, in order."""
     shards, firsts, ends = [], [], []
     for record in meta["shards"]:
-        doc_ends = np.load(folder / f"{shard_name(record['index'])}.idx")
+        doc_ends = np.load(folder / f"{shard_name(record['index'])}.idx", allow_pickle=False)
         shards.append(np.full(len(doc_ends), record["index"], dtype=np.int64))
         firsts.append(np.concatenate([[0], doc_ends[:-1]]).astype(np.int64) if len(doc_ends) else np.zeros(0, dtype=np.int64))
         ends.append(doc_ends.astype(np.int64))

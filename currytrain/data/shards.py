@@ -211,7 +211,7 @@ def shard_problem(folder: Path, record: dict[str, Any], itemsize: int, deep: boo
     if data.stat().st_size != record["tokens"] * itemsize:
         return f"{data} holds {data.stat().st_size} bytes, its record says {record['tokens']} tokens of {itemsize} bytes"
     try:
-        ends = np.load(index, mmap_mode="r")
+        ends = np.load(index, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as error:
         return f"{index} cannot be read ({error})"
     if ends.shape != (record["docs"],) or (len(ends) and int(ends[-1]) != record["tokens"]):

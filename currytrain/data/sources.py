@@ -14,7 +14,7 @@ from typing import Any
 
 from currytrain.data.config import TokensConfig
 from currytrain.data.files import find_text_files
-from currytrain.data.prepare import META, CorpusSpec, PrepareOptions, cache_problems, ensure_cache, input_problems, split_spans
+from currytrain.data.prepare import META, CorpusSpec, PrepareOptions, cache_problems, ensure_cache, input_problems, meta_problem, split_spans
 from currytrain.data.tokenizer import eos_id, find_tokenizer, load_tokenizer
 from currytrain.errors import ConfigError
 
@@ -65,15 +65,16 @@ def prepare_sources(
 
 
 def _trusted_meta(folder: Path) -> dict[str, Any]:
-    """meta.json of a finished cache whose shards are all there, whole; else a ConfigError naming the file."""
+    """meta.json of a finished cache whose shards are all there, whole; else a ConfigError naming the file. Sizes
+    and shapes only: a cache is read as data (ids, JSON, .npy without pickle), never run."""
     fix = "run `currytrain data prepare <the same overrides>` (it redoes the damaged shards), or remove the folder"
     try:
         meta = json.loads((folder / META).read_text())
     except (OSError, ValueError) as error:
-        raise ConfigError(f"data: the token cache {folder} cannot be trusted: {folder / META} cannot be read ({error}): {fix}") from None
-    problems = cache_problems(folder, meta)
+        raise ConfigError(f"data: the token cache {folder} (data.cache_dir) is damaged: {folder / META} cannot be read ({error}): {fix}") from None
+    problems = [problem] if (problem := meta_problem(meta)) else cache_problems(folder, meta)
     if problems:
-        raise ConfigError(f"data: the token cache {folder} cannot be trusted: {problems[0]}: {fix}")
+        raise ConfigError(f"data: the token cache {folder} (data.cache_dir) is damaged: {problems[0]}: {fix}")
     return meta
 
 
