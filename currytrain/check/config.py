@@ -64,6 +64,13 @@ class PreflightConfig:
     """Tables: largest share of val (or test) rows allowed an exact or near duplicate in train."""
     target_threshold: float = bounded(0.99, gt=0, le=1)
     """Tables: a feature that alone predicts at least this share of the val classes encodes the target."""
+    init_growth: float = bounded(3.0, gt=1)
+    """Warn when the residual stream's variance at init, on random token ids, grows by more than this factor from the
+    first repeated block's input to the last block's output, in models of 8 or more blocks (writes scaled with depth
+    keep it under 2; GPT-2's 12 layers without the scaling reach 3.5-3.8)."""
+    balance_response: float = bounded(0.5, gt=0, le=1)
+    """Top-k routing: warn when the balancing term grows by less than this share of E/k - 1 as every token is routed to
+    one expert (a Switch-style load-balancing loss grows by all of it)."""
 
 
 @dataclass
