@@ -137,8 +137,9 @@ BUGS: dict[str, PublicBug] = {
             "rope_over_heads",
             "mlfoundations/open_lm #4: rotary embedding applied over the head dimension instead of the sequence dimension: no position information",
             "model",
-            "position information",
+            "probe copy",
             ("position",),
+            stage="probe",
         ),
         PublicBug(
             "mask_sees_next",
@@ -149,10 +150,19 @@ BUGS: dict[str, PublicBug] = {
         ),
         PublicBug(
             "layerdrop_python_rng",
-            "huggingface/transformers #17032 (and #11582): a resumed run did not restore the RNG its randomness drew from, so it diverged from the uninterrupted one",
+            "huggingface/transformers #17032 (and #11582): a resumed run did not restore the RNG its randomness drew from (here "
+            "LayerDrop drawn from Python's random), so it diverged from the uninterrupted one",
+            "model",
+            "state across forwards",
+            ("outside torch's RNG",),
+        ),
+        PublicBug(
+            "init_flag_not_saved",
+            "bayesiains/nflows #4 (fix #5): ActNorm's `initialized` flag was a plain attribute, so after loading a checkpoint the "
+            "data-dependent init ran again and overwrote the trained scale and shift",
             "model",
             "resume equivalence",
-            ("differ",),
+            ("not the uninterrupted one",),
             stage="resume",
         ),
     )
@@ -183,6 +193,33 @@ def rope(x: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     first, second = x[..., :half], x[..., half:]
     return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
+
+
+class ActNorm(nn.Module):
+    """Glow's activation normalisation: a per-channel shift and scale initialised from the statistics of the first
+    training batch, then trained. flag: "attribute" keeps `initialized` as a plain attribute, which no state_dict holds
+    (the bug); "buffer" registers it, so a checkpoint carries it (the fix)."""
+
+    def __init__(self, dim: int, flag: str = "buffer"):
+        super().__init__()
+        self.shift, self.scale = nn.Parameter(torch.zeros(dim)), nn.Parameter(torch.ones(dim))
+        self.flag = flag
+        if flag == "buffer":
+            self.register_buffer("initialized", torch.tensor(False))
+        else:
+            self.initialized = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and not bool(self.initialized):
+            with torch.no_grad():
+                flat = x.reshape(-1, x.shape[-1])
+                self.shift.copy_(-flat.mean(0))
+                self.scale.copy_(1.0 / (flat.std(0) + 1e-6))
+            if self.flag == "buffer":
+                self.initialized.fill_(True)
+            else:
+                self.initialized = True
+        return (x + self.shift) * self.scale
 
 
 class CausalSelfAttention(nn.Module):
@@ -283,7 +320,9 @@ MOE_BUGS = ("moe_aux_dropped", "moe_aux_double_softmax", "expert_bias_per_microb
 
 class GPT(nn.Module):
     """The healthy control (bug=""), or the control carrying one bug of BUGS. moe: top-2-of-4 expert MLPs, whose
-    balancing loss the model offers as auxiliary_loss()."""
+    balancing loss the model offers as auxiliary_loss(). actnorm: "buffer" puts an ActNorm after the embeddings (its
+    flag in the state_dict), "attribute" one whose flag is not (the bug init_flag_not_saved). positions: "learned"
+    (nanoGPT's table) or "rope" (rotary, the bug rope_over_heads's)."""
 
     def __init__(
         self,
@@ -295,15 +334,19 @@ class GPT(nn.Module):
         dropout: float = 0.1,
         bug: str = "",
         moe: bool = False,
+        actnorm: str = "",
+        positions: str = "learned",
     ):
         super().__init__()
         assert not bug or bug in BUGS, f"unknown bug {bug}"
+        actnorm = "attribute" if bug == "init_flag_not_saved" else actnorm
         self.bug, self.n_layers = bug, n_layers
-        positions = "rope" if bug == "rope_over_heads" else "learned"
+        positions = "rope" if bug == "rope_over_heads" else positions
         moe = moe or bug in MOE_BUGS
         self.wte = nn.Embedding(vocab_size, dim)
         self.wpe = nn.Embedding(max_len, dim) if positions == "learned" else None
         self.drop = nn.Dropout(dropout)
+        self.actnorm = ActNorm(dim, actnorm) if actnorm else None
         self.h = nn.ModuleList(Block(dim, n_heads, dropout, bug, positions, moe) for _ in range(n_layers))
         self.ln_f = RMSNorm(dim) if bug == "norms_decayed" else nn.LayerNorm(dim)
         self.lm_head = nn.Linear(dim, vocab_size, bias=False)
@@ -335,6 +378,8 @@ class GPT(nn.Module):
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         x = self.drop(x)
+        if self.actnorm is not None:
+            x = self.actnorm(x)
         for block in self.h:
             x = block(x)
         return self.lm_head(self.ln_f(x))

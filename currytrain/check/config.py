@@ -101,6 +101,15 @@ class SanityConfig:
 
 
 @dataclass
+class ResumeConfig:
+    """Stage resume: N steps in one go against N/2, a checkpoint, a resume and N/2 more, bit for bit on one process."""
+
+    _target_: str = "currytrain.check.resume.Resume"
+    steps: int = bounded(4, ge=2)
+    """Optimizer steps of each run (the checkpoint is written after half of them)."""
+
+
+@dataclass
 class LRRangeConfig:
     """Stage lr_range: exponential lr sweep over fresh batches, smoothed loss, divergence, a suggested lr."""
 
@@ -350,6 +359,13 @@ class SanityCheckConfig(LadderConfig):
 
 
 @dataclass
+class ResumeCheckConfig(LadderConfig):
+    """check=resume: the resume stage alone."""
+
+    stages: dict[str, Any] = field(default_factory=lambda: {"resume": ResumeConfig()})
+
+
+@dataclass
 class LRRangeCheckConfig(LadderConfig):
     """check=lr_range: the lr_range stage alone."""
 
@@ -410,6 +426,7 @@ class FullLadderConfig(LadderConfig):
             "skeleton": SkeletonConfig(),
             "preflight": PreflightConfig(),
             "sanity": SanityConfig(),
+            "resume": ResumeConfig(),
             "lr_range": LRRangeConfig(batch_size=8),
             "mup": MupCheckConfig(standard_fails=False),
             "seeds": SeedsConfig(max_steps=200),

@@ -29,6 +29,16 @@ def probe_node(ctx: StageContext, task: str, num_symbols: int, seq_len: int | No
     return {"_target_": "currytrain.data.probe.ProbeTasks", "task": task, "seq_len": seq_len, "num_symbols": num_symbols, "seed": int(ctx.cfg.seed)}
 
 
+MECHANISMS = {
+    "copy": "attention to a fixed distance back, which needs position information (a position encoding that reaches the attention)",
+    "recall": "an associative lookup of the value stored after a key",
+    "induction": "an induction head (a previous-token head, then a head matching the current token's earlier occurrence)",
+    "parity": "state carried across the whole sequence",
+    "selective_copy": "content-based selection of the data tokens among the noise",
+}
+"""What each task needs, named in the cause when a model stays at chance on it."""
+
+
 def near_chance(score: float, chance: float, answers: int) -> bool:
     """Whether an accuracy measured on `answers` answer tokens is within noise of chance: no more than 3 binomial
     standard errors above it (a model at 12% on a 6% task, over thousands of answers, learns; it is not at chance)."""
@@ -52,7 +62,7 @@ def task_finding(task: str, runs: list[SubRun], chance: float, min_accuracy: flo
     if best >= min_accuracy:
         return Finding(f"probe {task}", Status.PASSED, observed, expected)
     if all(near_chance(score, chance, int(run.measured.get("answers", 0))) or not math.isfinite(score) for score, run in zip(scores, done)):
-        cause = f"the model stays at chance on {task} in every one of {len(scores)} seeds: it lacks the mechanism the task needs"
+        cause = f"the model stays at chance on {task} in every one of {len(scores)} seeds: it lacks the mechanism the task needs: {MECHANISMS.get(task, task)}"
         return Finding(
             f"probe {task}",
             Status.FAILED if gate else Status.WARNING,
