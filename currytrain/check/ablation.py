@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import statistics
 
+from currytrain.check.budget import scaled, steps_text
 from currytrain.check.probes import at_chance, data_chance
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
 from currytrain.check.subruns import SubRun, arm_config, budget_overrides, run_seeds, shared_data
@@ -87,8 +88,23 @@ class Ablation(Stage):
 
     def __init__(self, idea: list[str] = (), seeds: int = 3, max_steps: int | None = 100, baseline: list[str] = ()):
         self.idea, self.seeds, self.max_steps, self.baseline = list(idea), seeds, max_steps, list(baseline)
+        self.configured_steps = max_steps
         self.verdict: Verdict | None = None
         """The last assessment's verdict (paired by seed)."""
+
+    scalable = True
+    FLOOR = 40
+    """Fewest steps a budget leaves each arm's runs."""
+
+    def cost(self, ctx: StageContext, costs) -> float:
+        return 2 * self.seeds * costs.subrun(self.max_steps or int(ctx.cfg.trainer.max_steps)) if self.idea else 0.0
+
+    def scale(self, factor: float) -> None:
+        if self.configured_steps:
+            self.max_steps = scaled(self.configured_steps, factor, self.FLOOR)
+
+    def planned_steps(self) -> str | None:
+        return steps_text(self.configured_steps, self.max_steps) if self.idea else None
 
     def assess(self, parts: Components | None, ctx: StageContext) -> StageResult:
         result = StageResult(self.name)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from currytrain.check import figures
+from currytrain.check.budget import scaled, steps_text
 from currytrain.check.probes import at_chance, data_chance
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
 from currytrain.check.subruns import SubRun, derive, shared_data, train_subrun, width_overrides, width_skipped
@@ -96,7 +97,24 @@ class Capacity(Stage):
 
     def __init__(self, widths: list[int] = (64, 128, 192), depths: list[int] = (2, 4), budget_steps: int = 50, min_steps: int = 10, min_gain: float = 0.02):
         self.widths, self.depths, self.budget_steps, self.min_steps, self.min_gain = list(widths), list(depths), budget_steps, min_steps, min_gain
+        self.configured_steps = budget_steps
         self.runs: list[SubRun] = []
+
+    scalable = True
+    FLOOR = 10
+    """Fewest steps' compute a budget leaves the configured model (each shape trains at least min_steps)."""
+
+    def cost(self, ctx: StageContext, costs) -> float:
+        if "dim" not in ctx.cfg.model:
+            return 0.0
+        shapes = plan(ctx, self.widths, self.depths, self.budget_steps, self.min_steps)
+        return sum(costs.subrun(shape.steps, params=shape.num_params) for shape in shapes)
+
+    def scale(self, factor: float) -> None:
+        self.budget_steps = scaled(self.configured_steps, factor, self.FLOOR)
+
+    def planned_steps(self) -> str | None:
+        return steps_text(self.configured_steps, self.budget_steps, "steps' compute")
 
     def assess(self, parts: Components | None, ctx: StageContext) -> StageResult:
         result = StageResult(self.name)

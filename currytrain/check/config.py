@@ -335,6 +335,15 @@ class LadderConfig:
     """Stage name -> its config (a `_target_` Stage class and its thresholds), run in this order."""
     stop_at_failure: bool = True
     """Stop at the first stage whose gate fails; false runs every stage and fails at the end."""
+    budget_seconds: float = bounded(0.0, ge=0)
+    """Wall seconds the ladder may take: its cost is planned before it starts from a measured training step, and the
+    training stages' steps are cut by one factor (never raised, never below each stage's floor) until it fits. 0: every
+    stage at its configured steps (the plan is still printed when a stage trains)."""
+    step_seconds: float = bounded(0.0, ge=0)
+    """Seconds of one training step of the configured model to plan with; 0: measured at the start (a few steps). A
+    fixed value makes the plan, and so the steps, the same on every machine."""
+    eval_batches: int = bounded(0, ge=0)
+    """Val batches each sub-run of the ladder evaluates its final loss on; 0: trainer.eval_batches."""
 
 
 @dataclass
@@ -416,10 +425,11 @@ class ScalingCheckConfig(LadderConfig):
 
 @dataclass
 class FullLadderConfig(LadderConfig):
-    """check=ladder: every stage, in order, at budgets that take a few minutes on 2 shared CPU cores for the
-    debug model (docs/ladder.md has the measured times); each stage alone (check=seeds, ...) keeps its fuller
-    budget. In the ladder the muP check and the probe tasks warn rather than fail (a model may lack muP or a
-    mechanism on purpose), and the ablation runs only when check.stages.ablation.idea is given."""
+    """check=ladder: every stage, in order, planned to take at most budget_seconds (4 minutes) on the machine it runs on:
+    the step budgets below are the most each training stage runs, cut for a slower model (docs/ladder.md); each stage
+    alone (check=seeds, ...) keeps its fuller budget. In the ladder the muP check and the probe tasks warn rather than
+    fail (a model may lack muP or a mechanism on purpose), and the ablation runs only when check.stages.ablation.idea
+    is given."""
 
     stages: dict[str, Any] = field(
         default_factory=lambda: {
@@ -433,6 +443,8 @@ class FullLadderConfig(LadderConfig):
             "ablation": AblationConfig(max_steps=200),
             "probe": ProbeStageConfig(tasks=["copy"], max_steps=150, gate=False),
             "capacity": CapacityConfig(widths=[64, 128], budget_steps=60),
-            "scaling": ScalingConfig(widths=[32, 40, 48, 64, 96], max_steps=200),
+            "scaling": ScalingConfig(widths=[32, 40, 48, 64, 96], max_steps=200, bootstrap=200),
         }
     )
+    budget_seconds: float = bounded(240.0, ge=0)
+    eval_batches: int = bounded(10, ge=0)

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from currytrain.check import figures
+from currytrain.check.budget import scaled, steps_text
 from currytrain.check.probes import StepFn, at_chance, data_chance, get_batch, peak_lr, scratch, train_step
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status, fmt, probe
 from currytrain.components import Components
@@ -216,9 +217,23 @@ class LRRange(Stage):
         self.min_lr, self.max_lr, self.steps, self.batch_size = min_lr, max_lr, steps, batch_size
         self.smoothing, self.diverge_factor, self.rule, self.min_loss_divisor = smoothing, diverge_factor, rule, min_loss_divisor
         self.min_drop, self.lr_tolerance = min_drop, lr_tolerance
+        self.configured_steps = steps
         self.step_fn: StepFn = train_step
         self.sweep: Sweep | None = None
         """The last sweep (tests and bench/ read it)."""
+
+    scalable = True
+    FLOOR = 30
+    """Fewest sweep steps a budget leaves: fewer spread the decades of lr too thin to find a steepest descent."""
+
+    def cost(self, ctx: StageContext, costs) -> float:
+        return costs.build + costs.steps(self.steps, sequences=self.batch_size)
+
+    def scale(self, factor: float) -> None:
+        self.steps = scaled(self.configured_steps, factor, self.FLOOR)
+
+    def planned_steps(self) -> str | None:
+        return steps_text(self.configured_steps, self.steps)
 
     def assess(self, parts: Components, ctx: StageContext) -> StageResult:
         result = StageResult(self.name)

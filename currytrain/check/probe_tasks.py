@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+from currytrain.check.budget import scaled, steps_text
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
 from currytrain.check.subruns import SubRun, budget_overrides, seed_overrides, shared_data, train_subrun
 from currytrain.components import Components
@@ -99,7 +100,23 @@ class Probe(Stage):
         self.tasks, self.max_steps, self.num_symbols, self.seq_len = list(tasks), max_steps, num_symbols, seq_len
         self.overrides = ([f"trainer.batch_size={batch_size}"] if batch_size else []) + list(overrides)
         self.eval_batches, self.min_accuracy, self.gate, self.restarts = eval_batches, min_accuracy, gate, restarts
+        self.configured_steps, self.batch_size = max_steps, batch_size
         self.runs: dict[str, list[SubRun]] = {}
+
+    scalable = True
+    FLOOR = 50
+    """Fewest steps a budget leaves each task (the debug model copies after 40-70)."""
+
+    def cost(self, ctx: StageContext, costs) -> float:
+        """Each task's run, and half of its restarts (a restart runs only when the first run misses the bar)."""
+        seq_len = min(self.seq_len or costs.seq_len, costs.seq_len)
+        return len(self.tasks) * (1 + 0.5 * self.restarts) * costs.subrun(self.max_steps, sequences=self.batch_size, seq_len=seq_len)
+
+    def scale(self, factor: float) -> None:
+        self.max_steps = scaled(self.configured_steps, factor, self.FLOOR)
+
+    def planned_steps(self) -> str | None:
+        return steps_text(self.configured_steps, self.max_steps)
 
     def assess(self, parts: Components | None, ctx: StageContext) -> StageResult:
         result = StageResult(self.name)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from currytrain.check.budget import FORWARD_SHARE
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status, fmt
 from currytrain.check.subruns import derive, shared_data, write_record
 from currytrain.components import Components, build_components
@@ -104,6 +105,10 @@ class Resume(Stage):
         self.steps = max(2, steps)
         self.build: BuildParts | None = None
         """How each run builds its parts (None: as a run of the config does, on the ladder's shared data)."""
+
+    def cost(self, ctx: StageContext, costs) -> float:
+        """Three Trainers built, twice the steps, two one-batch evaluations."""
+        return 3 * costs.build + costs.steps(2 * self.steps + 2 * FORWARD_SHARE)
 
     def assess(self, parts: Components | None, ctx: StageContext) -> StageResult:
         result = StageResult(self.name)

@@ -22,9 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from currytrain.check import figures
+from currytrain.check.budget import scaled, steps_text
 from currytrain.check.probes import at_chance, data_chance
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status, crash_finding
-from currytrain.check.subruns import SubRun, budget_overrides, seed_overrides, shared_data, train_subrun, width_overrides, width_skipped
+from currytrain.check.subruns import SubRun, budget_overrides, derive, seed_overrides, shared_data, train_subrun, width_overrides, width_skipped
 from currytrain.components import Components
 from currytrain.stats.fits import MAX_ALPHA, PowerLawFit, fit_power_law, held_out_test
 
@@ -166,12 +167,36 @@ class Scaling(Stage):
     ):
         self.widths, self.max_steps, self.bootstrap, self.target_params = sorted(widths), max_steps, bootstrap, target_params
         self.seed_std, self.noise_seeds, self.alpha, self.fail_alpha = seed_std, noise_seeds, alpha, fail_alpha
+        self.configured_steps = max_steps
         self.runs: list[SubRun] = []
         self.replicates: list[SubRun] = []
         """Extra seeds of the held-out size (trained when no seed noise was measured before this stage)."""
         self.fit: PowerLawFit | None = None
         self.data = None
         """The ladder's data adapter (its classes give the figure's chance line)."""
+
+    scalable = True
+    FLOOR = 40
+    """Fewest steps a budget leaves each size (the seeds stage, whose noise the gate uses, keeps as many)."""
+
+    def cost(self, ctx: StageContext, costs) -> float:
+        """Each width's run at its parameters, and the held-out width's extra seeds when no seeds stage measures the noise."""
+        from currytrain.estimate import count_parameters
+
+        if "dim" not in ctx.cfg.model:
+            return 0.0
+        steps = self.max_steps or int(ctx.cfg.trainer.max_steps)
+        params = [count_parameters(derive(ctx.cfg, width_overrides(ctx.cfg.model, width)).model) for width in self.widths]
+        runs = [costs.subrun(steps, params=count) for count in params]
+        measured = self.seed_std > 0 or "seeds" in ctx.cfg.check.get("stages", {})
+        return sum(runs) + (0 if measured else self.noise_seeds * runs[-1]) + (self.bootstrap + 1) * costs.fit
+
+    def scale(self, factor: float) -> None:
+        if self.configured_steps:
+            self.max_steps = scaled(self.configured_steps, factor, self.FLOOR)
+
+    def planned_steps(self) -> str | None:
+        return steps_text(self.configured_steps, self.max_steps)
 
     def assess(self, parts: Components | None, ctx: StageContext) -> StageResult:
         result = StageResult(self.name)

@@ -16,6 +16,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from currytrain.check.budget import scaled, steps_text
 from currytrain.check.probes import at_chance, data_chance
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
 from currytrain.check.subruns import SubRun, budget_overrides, run_seeds, shared_data
@@ -108,7 +109,22 @@ class Seeds(Stage):
 
     def __init__(self, seeds: int = 3, max_steps: int | None = 100, max_std: float | None = None, max_std_share: float = 0.1, overrides: list[str] = ()):
         self.seeds, self.max_steps, self.max_std, self.max_std_share, self.overrides = seeds, max_steps, max_std, max_std_share, list(overrides)
+        self.configured_steps = max_steps
         self.runs: list[SubRun] = []
+
+    scalable = True
+    FLOOR = 40
+    """Fewest steps a budget leaves each seed (the scaling runs, whose noise these seeds measure, keep as many)."""
+
+    def cost(self, ctx: StageContext, costs) -> float:
+        return self.seeds * costs.subrun(self.max_steps or int(ctx.cfg.trainer.max_steps))
+
+    def scale(self, factor: float) -> None:
+        if self.configured_steps:
+            self.max_steps = scaled(self.configured_steps, factor, self.FLOOR)
+
+    def planned_steps(self) -> str | None:
+        return steps_text(self.configured_steps, self.max_steps)
 
     def assess(self, parts: Components | None, ctx: StageContext) -> StageResult:
         result = StageResult(self.name)

@@ -11,6 +11,7 @@ import torch
 from omegaconf import DictConfig
 
 from currytrain.build import target_problem, targets
+from currytrain.check.budget import FORWARD_SHARE
 from currytrain.check.probes import eval_mode, expected_shapes, get_batch, input_vocab, num_classes
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status, probe
 from currytrain.components import Components
@@ -172,6 +173,9 @@ class Skeleton(Stage):
 
     def __init__(self, batch_size: int = 2):
         self.batch_size = batch_size
+
+    def cost(self, ctx: StageContext, costs) -> float:
+        return costs.build + costs.steps(3 * FORWARD_SHARE, sequences=self.batch_size)
 
     def assess(self, parts: Components, ctx: StageContext) -> StageResult:
         batch = get_batch(parts, self.batch_size)

@@ -67,6 +67,10 @@ class Preflight(Stage):
         self.step_fn: StepFn = train_step
         """The training step the probes run (tests put a broken one here)."""
 
+    def cost(self, ctx: StageContext, costs) -> float:
+        """About 40 steps of batch_size sequences: the leakage probe's, one step at several lrs, the forwards of the others."""
+        return costs.build + costs.steps(40, sequences=self.batch_size)
+
     def assess(self, parts: Components, ctx: StageContext) -> StageResult:
         batch, step = get_batch(parts, self.batch_size), self.step_fn
         states: list[Finding] = []

@@ -6,55 +6,74 @@ import torch
 from currytrain.check.probes import eval_mode, next_token_task, seeded
 from currytrain.check.stage import Finding, Status, fmt
 from currytrain.components import Components
+from currytrain.model.protocol import data_ignore_index
 from currytrain.trainer.step import Batch
 
-ALIGNMENTS = {0: "its own input token", 1: "the next token", 2: "the token after the next"}
-"""What position t is scored against, by the offset into the inputs: t, t + 1 (a language model's), t + 2."""
+ALIGNMENTS = {"target": "the next token", "next target": "the token after the next", "input": "its own input token"}
+"""What position t may be scored against: the adapter's target at t (the next token, a language model's), the target at
+t + 1 (the token after the next), or the input at t."""
 
 CONFIDENT = 30.0
 """The logit given to the one token a probe's logits predict (its softmax is then all but one-hot)."""
 
 
-def _predicting(inputs: torch.Tensor, vocab: int, offset: int, device: torch.device) -> torch.Tensor:
-    """Logits that predict inputs[:, t + offset] at every position t < T - 2 (uniform at the last two positions, where
-    some offsets have no token), so that the three alignments are scored on the same positions."""
-    batch, length = inputs.shape
-    logits = torch.zeros(batch, length, vocab, device=device)
-    span = length - 2
-    logits[:, :span].scatter_(-1, inputs[:, offset : offset + span, None].to(device), CONFIDENT)
+def _predicting(tokens: torch.Tensor, vocab: int, ignored: int) -> torch.Tensor:
+    """Logits that predict tokens[:, t] at every position t < T - 1 (uniform at the last position, where the target of
+    t + 1 does not exist, and where a token is an ignore index), so that every alignment is scored on the same positions."""
+    batch, length = tokens.shape
+    logits = torch.zeros(batch, length, vocab, device=tokens.device)
+    span = tokens[:, : length - 1]
+    valid = (span >= 0) & (span < vocab) & (span != ignored)
+    hot = torch.zeros(batch, length - 1, vocab, device=tokens.device)
+    hot.scatter_(-1, span.clamp(0, vocab - 1)[..., None], CONFIDENT)
+    logits[:, : length - 1] = hot * valid[..., None]
     return logits
 
 
 @torch.no_grad()
 def loss_alignment(parts: Components, batch: Batch) -> Finding:
     """Which token the task loss scores each position against, read from the loss itself: logits that predict the
-    current, the next or the token after the next input token are scored by the run's loss (the model's own loss()
-    when it has one); the next token must score best. Catches a loss that shifts targets that are already shifted
-    (predicting t + 2), and one that scores a position against its own input (no shift: the model learns to copy)."""
-    inputs, _ = batch
-    name, expected = "loss scores the next token", "logits predicting the next input token score lowest"
-    if not next_token_task(batch) or inputs.shape[1] < 4 or inputs.is_floating_point():
+    adapter's target, the target one position later, or the position's own input token are scored by the run's loss
+    (the model's own loss() when it has one); the target must score best. Catches a loss that shifts targets that are
+    already shifted (predicting t + 2), and one that scores a position against its own input (no shift: the model
+    learns to copy). Data whose targets are its inputs is the label probes' to name, and a loss below zero the loss
+    sign probe's: this probe skips them."""
+    inputs, targets = batch
+    name, expected = "loss scores the next token", "logits predicting the adapter's targets (the next tokens) score lowest"
+    if not next_token_task(batch) or inputs.shape[1] < 3 or inputs.is_floating_point():
         return Finding(name, Status.SKIPPED, f"not a next-token task over token ids (inputs {tuple(inputs.shape)})", expected)
+    ignored = data_ignore_index(parts.data)
+    kept = targets != ignored
+    if kept.any() and float((targets[kept] == inputs[kept]).float().mean()) > 0.5:
+        return Finding(name, Status.SKIPPED, "the targets equal the inputs at most positions: see the label probes", expected)
     with eval_mode(parts.model), seeded(parts):
         vocab = int(parts.model(inputs[:1]).shape[-1])
-    device = inputs.device
-    scores = {offset: float(parts.score(_predicting(inputs, vocab, offset, device), batch)) for offset in ALIGNMENTS}
-    uniform = float(parts.score(torch.zeros(*inputs.shape, vocab, device=device), batch))
+    shifted = torch.cat([targets[:, 1:], targets[:, -1:]], dim=1)
+    tokens = {"target": targets, "next target": shifted, "input": inputs}
+    scores = {key: float(parts.score(_predicting(value, vocab, ignored), batch)) for key, value in tokens.items()}
+    uniform = float(parts.score(torch.zeros(*inputs.shape, vocab, device=inputs.device), batch))
     observed = (
-        f"loss {fmt(scores[1])} for logits predicting the next token, {fmt(scores[0])} the current one, {fmt(scores[2])} the one after the next; "
-        f"{fmt(uniform)} for uniform logits"
+        f"loss {fmt(scores['target'])} for logits predicting the targets, {fmt(scores['next target'])} the token after, "
+        f"{fmt(scores['input'])} the inputs; {fmt(uniform)} for uniform logits"
     )
     best = min(scores, key=scores.get)
     gain = uniform - scores[best]
-    if not gain > 0.5:
-        return Finding(name, Status.SKIPPED, observed + ": the loss falls for none of them", expected, "", "a loss other than a cross-entropy over the logits")
-    others = min(value for offset, value in scores.items() if offset != best)
-    if best == 1 and others - scores[1] > 0.25 * gain:
+    if uniform < 0 or not gain > 0.5:
+        return Finding(
+            name,
+            Status.SKIPPED,
+            observed + ": the loss falls for none of them (see loss sign)",
+            expected,
+            "",
+            "a loss other than a cross-entropy over the logits",
+        )
+    others = min(value for key, value in scores.items() if key != best)
+    if best == "target" and others - scores[best] > 0.25 * gain:
         return Finding(name, Status.PASSED, observed, expected)
-    if best == 1:
-        cause = "the loss scores the next token barely better than its neighbours: the inputs repeat tokens too often to tell"
+    if best == "target":
+        cause = "the loss scores the targets barely better than its neighbours: the text repeats tokens too often to tell"
         return Finding(name, Status.WARNING, observed, expected, cause, "run the probe on a batch of varied text")
-    if best == 2:
+    if best == "next target":
         cause = (
             "the loss scores position t against the token after the next: the targets are already the next tokens, and the loss "
             "shifts them once more (shifted twice), so the model learns to predict t + 2"
