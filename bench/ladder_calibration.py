@@ -176,6 +176,8 @@ def run_ladder(model: str, seed: int, out: Path, project: Path, stages: list[str
     journal = run_dir / "journal.jsonl"
     for line in journal.read_text().splitlines() if journal.is_file() else []:
         event = json.loads(line)
+        if event.get("type") == "check_plan":
+            record["plan"] = {key: event[key] for key in ("step_seconds", "factor", "total_seconds", "steps")}
         if event.get("type") == "check":
             record["stages"][event["stage"]] = event["status"]
             for finding in event["findings"]:
@@ -370,6 +372,7 @@ def healthy_table(records: list[dict]) -> str:
         for alarm in record["alarms"]:
             which[alarm["stage"]][f"{alarm['name']} ({alarm['status']}, {record['model']})"] += 1
     crashed = [f"{r['model']} seed {r['seed']}: rc {r['rc']}" for r in records if r["rc"] not in (0, 3)]
+    timing = time_table(records)
     seeds = Counter(r["model"] for r in records)
     full = Counter(r["model"] for r in records if tuple(r.get("climbed", STAGES)) == STAGES)
     lines = [
@@ -386,7 +389,29 @@ def healthy_table(records: list[dict]) -> str:
                 f"| {stage} | {n} | {len(models[stage])} | {fails[stage]} | {fails[stage] / n:.0%} | {warns[stage]} | {warns[stage] / n:.0%} | {skips[stage]} |"
             )
     alarms = [f"- {stage}: {text} x{count}" for stage in STAGES for text, count in which[stage].most_common()]
-    return "\n".join(lines + (["", "Which findings raised them:", *alarms] if alarms else []))
+    return "\n".join(lines + (["", "Which findings raised them:", *alarms] if alarms else []) + ["", *timing])
+
+
+def time_table(records: list[dict]) -> list[str]:
+    """Per model, over the ladders that climbed every gate: the median wall time, the step time the plan measured, the
+    ladder's cost in those steps (wall / step: what a busier machine inflates least), the factor the plan kept."""
+    import statistics
+
+    rows = ["| model | ladders | wall s (median, max) | planned s | step s | wall / step | steps kept |", "|---|---:|---:|---:|---:|---:|---:|"]
+    by_model: dict[str, list[dict]] = defaultdict(list)
+    for record in records:
+        if tuple(record.get("climbed", STAGES)) == STAGES and "plan" in record and record["rc"] in (0, 3):
+            by_model[record["model"]].append(record)
+    for model, runs in sorted(by_model.items()):
+        wall = [r["seconds"] for r in runs]
+        step = [r["plan"]["step_seconds"] for r in runs]
+        ratio = [r["seconds"] / r["plan"]["step_seconds"] for r in runs]
+        planned = statistics.median(r["plan"]["total_seconds"] for r in runs)
+        kept = statistics.median(r["plan"]["factor"] for r in runs)
+        rows.append(
+            f"| {model} | {len(runs)} | {statistics.median(wall):.0f}, {max(wall):.0f} | {planned:.0f} | {statistics.median(step):.3g} | {statistics.median(ratio):.0f} | {kept:.0%} |"
+        )
+    return rows if len(rows) > 2 else []
 
 
 def zoo_table(records: list[dict]) -> str:

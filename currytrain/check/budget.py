@@ -128,20 +128,28 @@ class Plan:
         }
 
 
-def plan_ladder(stages: dict[str, Any], ctx: Any, costs: Costs, budget: float) -> Plan:
-    """Each stage's cost at its configured steps; over `budget` (> 0), the scalable stages' steps cut by the one factor
-    that makes the total fit (each stage keeps at least its floor), then every stage's cost at its planned steps."""
+def plan_ladder(stages: dict[str, Any], ctx: Any, costs: Costs, budget: float, rounds: int = 14) -> Plan:
+    """Each stage's cost at its configured steps; over `budget` (> 0), the largest factor of their steps the scalable
+    stages can keep with the total inside the budget (found by bisection: a sub-run's build and evaluation do not
+    shrink with its steps, and floors stop some), then every stage's cost at its planned steps. Below every floor the
+    plan keeps the floors, and says what that costs."""
     plan = Plan(costs, budget)
-    configured = {name: stage.cost(ctx, costs) for name, stage in stages.items()}
-    scalable = {name for name, stage in stages.items() if getattr(stage, "scalable", False)}
-    fixed = sum(seconds for name, seconds in configured.items() if name not in scalable)
-    training = sum(configured[name] for name in scalable)
-    if budget > 0 and training > 0 and fixed + training > budget:
-        plan.factor = max(0.0, min(1.0, (budget - fixed) / training))
-    for name in scalable:
-        stages[name].scale(plan.factor)
-        if (steps := stages[name].planned_steps()) is not None:
-            plan.steps[name] = steps
+    scalable = [stage for stage in stages.values() if getattr(stage, "scalable", False)]
+
+    def total(factor: float) -> float:
+        for stage in scalable:
+            stage.scale(factor)
+        return sum(stage.cost(ctx, costs) for stage in stages.values())
+
+    if budget > 0 and scalable and total(1.0) > budget:
+        low, high = 0.0, 1.0
+        for _ in range(rounds):
+            middle = (low + high) / 2
+            low, high = (middle, high) if total(middle) <= budget else (low, middle)
+        plan.factor = low
+    for stage in scalable:
+        stage.scale(plan.factor)
+    plan.steps = {name: steps for name, stage in stages.items() if stage in scalable and (steps := stage.planned_steps()) is not None}
     plan.seconds = {name: stage.cost(ctx, costs) for name, stage in stages.items()}
     return plan
 

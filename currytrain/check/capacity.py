@@ -98,6 +98,8 @@ class Capacity(Stage):
     def __init__(self, widths: list[int] = (64, 128, 192), depths: list[int] = (2, 4), budget_steps: int = 50, min_steps: int = 10, min_gain: float = 0.02):
         self.widths, self.depths, self.budget_steps, self.min_steps, self.min_gain = list(widths), list(depths), budget_steps, min_steps, min_gain
         self.configured_steps = budget_steps
+        self.sizes: tuple[int, list[int]] | None = None
+        """(the configured model's parameters, each shape's), once the plan has counted them."""
         self.runs: list[SubRun] = []
 
     scalable = True
@@ -105,10 +107,14 @@ class Capacity(Stage):
     """Fewest steps' compute a budget leaves the configured model (each shape trains at least min_steps)."""
 
     def cost(self, ctx: StageContext, costs) -> float:
+        from currytrain.estimate import count_parameters
+
         if "dim" not in ctx.cfg.model:
             return 0.0
-        shapes = plan(ctx, self.widths, self.depths, self.budget_steps, self.min_steps)
-        return sum(costs.subrun(shape.steps, params=shape.num_params) for shape in shapes)
+        if self.sizes is None:  # sized on the meta device once: the plan asks for the cost at many budgets
+            self.sizes = (count_parameters(ctx.cfg.model), [shape.num_params for shape in plan(ctx, self.widths, self.depths, 1, 1)])
+        configured, sizes = self.sizes
+        return sum(costs.subrun(max(self.min_steps, round(configured * self.budget_steps / size)), params=size) for size in sizes)
 
     def scale(self, factor: float) -> None:
         self.budget_steps = scaled(self.configured_steps, factor, self.FLOOR)

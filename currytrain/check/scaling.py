@@ -173,6 +173,7 @@ class Scaling(Stage):
         """Extra seeds of the held-out size (trained when no seed noise was measured before this stage)."""
         self.fit: PowerLawFit | None = None
         self.data = None
+        self.param_counts: list[int] = []
         """The ladder's data adapter (its classes give the figure's chance line)."""
 
     scalable = True
@@ -186,7 +187,9 @@ class Scaling(Stage):
         if "dim" not in ctx.cfg.model:
             return 0.0
         steps = self.max_steps or int(ctx.cfg.trainer.max_steps)
-        params = [count_parameters(derive(ctx.cfg, width_overrides(ctx.cfg.model, width)).model) for width in self.widths]
+        if len(self.param_counts) != len(self.widths):  # built on the meta device once: the plan asks many times
+            self.param_counts = [count_parameters(derive(ctx.cfg, width_overrides(ctx.cfg.model, width)).model) for width in self.widths]
+        params = self.param_counts
         runs = [costs.subrun(steps, params=count) for count in params]
         measured = self.seed_std > 0 or "seeds" in ctx.cfg.check.get("stages", {})
         return sum(runs) + (0 if measured else self.noise_seeds * runs[-1]) + (self.bootstrap + 1) * costs.fit
