@@ -34,7 +34,7 @@ def test_the_plan_cuts_the_training_stages_by_one_factor_to_fit_the_budget_and_k
     generous = plan_ladder(ladder.stages, ctx, costs, budget=10_000)
     assert generous.factor == 1 and generous.steps["seeds"] == "200 steps" and generous.steps["scaling"] == "200 steps"
     floor = plan_ladder(build(cfg.check).stages, ctx, costs, budget=1)
-    assert floor.factor == 0 and floor.steps["probe"] == "150 -> 50 steps" and floor.steps["lr_range"] == "100 -> 30 steps"
+    assert floor.factor == 0 and floor.steps["probe"] == "150 -> 50 steps" and floor.steps["lr_range"] == "100 -> 50 steps"
     assert "budget 1 s: the training stages keep 0% of their steps" in floor.summary() and "about" in floor.summary()
     budget = (generous.total + floor.total) / 2
     tight = plan_ladder(build(cfg.check).stages, ctx, costs, budget=budget)
