@@ -37,7 +37,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -158,26 +160,40 @@ def make_project(folder: Path) -> Path:
     return project
 
 
-def run_ladder(model: str, seed: int, out: Path, project: Path, stages: list[str], timeout: float) -> dict:
+def run_ladder(model: str, seed: int, out: Path, project: Path, stages: list[str], timeout: float, clock: str = "wall") -> dict:
     where, overrides = MODELS[model]
     run_dir = out / "healthy" / model / f"seed_{seed}"
     skip = [f"~check.stages.{stage}" for stage in STAGES if stage not in stages]
     cwd = ROOT if where == "repo" else project
-    args = [sys.executable, "launch.py", "check=ladder", f"seed={seed}", "logger=[jsonl]", f"hydra.run.dir={run_dir}", *overrides, *skip]
+    args = [
+        sys.executable,
+        "launch.py",
+        "check=ladder",
+        f"seed={seed}",
+        "logger=[jsonl]",
+        f"hydra.run.dir={run_dir}",
+        f"check.plan_clock={clock}",
+        *overrides,
+        *skip,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     try:
         done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
         rc, tail = done.returncode, done.stderr[-2000:]
     except subprocess.TimeoutExpired:
         rc, tail = -1, f"timed out after {timeout:.0f} s"
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime
     record = {"model": model, "seed": seed, "climbed": list(stages), "rc": rc, "seconds": round(time.perf_counter() - started, 1), "stages": {}, "alarms": []}
+    record.update(cpu_seconds=round(cpu, 1), clock=clock)
     record["load"] = os.getloadavg()[0]
     journal = run_dir / "journal.jsonl"
     for line in journal.read_text().splitlines() if journal.is_file() else []:
         event = json.loads(line)
         if event.get("type") == "check_plan":
-            record["plan"] = {key: event[key] for key in ("step_seconds", "factor", "total_seconds", "steps")}
+            record["plan"] = {key: event.get(key) for key in ("step_seconds", "factor", "total_seconds", "steps", "clock")}
         if event.get("type") == "check":
             record["stages"][event["stage"]] = event["status"]
             for finding in event["findings"]:
@@ -397,19 +413,22 @@ def time_table(records: list[dict]) -> list[str]:
     ladder's cost in those steps (wall / step: what a busier machine inflates least), the factor the plan kept."""
     import statistics
 
-    rows = ["| model | ladders | wall s (median, max) | planned s | step s | wall / step | steps kept |", "|---|---:|---:|---:|---:|---:|---:|"]
-    by_model: dict[str, list[dict]] = defaultdict(list)
+    rows = ["| model | plan clock | ladders | wall s (median, max) | CPU s (median, max) | planned s | step s | wall / step | steps kept |"]
+    rows.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    by_model: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for record in records:
         if tuple(record.get("climbed", STAGES)) == STAGES and "plan" in record and record["rc"] in (0, 3):
-            by_model[record["model"]].append(record)
-    for model, runs in sorted(by_model.items()):
+            by_model[record["model"], record.get("clock", "wall")].append(record)
+    for (model, clock), runs in sorted(by_model.items()):
         wall = [r["seconds"] for r in runs]
+        cpu = [r.get("cpu_seconds", math.nan) for r in runs]
         step = [r["plan"]["step_seconds"] for r in runs]
         ratio = [r["seconds"] / r["plan"]["step_seconds"] for r in runs]
         planned = statistics.median(r["plan"]["total_seconds"] for r in runs)
         kept = statistics.median(r["plan"]["factor"] for r in runs)
         rows.append(
-            f"| {model} | {len(runs)} | {statistics.median(wall):.0f}, {max(wall):.0f} | {planned:.0f} | {statistics.median(step):.3g} | {statistics.median(ratio):.0f} | {kept:.0%} |"
+            f"| {model} | {clock} | {len(runs)} | {statistics.median(wall):.0f}, {max(wall):.0f} | {statistics.median(cpu):.0f}, {max(cpu):.0f} | {planned:.0f} "
+            f"| {statistics.median(step):.3g} | {statistics.median(ratio):.0f} | {kept:.0%} |"
         )
     return rows if len(rows) > 2 else []
 
@@ -446,6 +465,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench" / "ladder_calibration")
     parser.add_argument("--budget-minutes", type=float, default=float("inf"), help="start no new run after this many minutes")
     parser.add_argument("--timeout", type=float, default=7200, help="seconds one healthy ladder may take")
+    parser.add_argument(
+        "--plan-clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="check.plan_clock of the healthy ladders: cpu plans the steps a quiet machine would run, whatever the load here",
+    )
     parser.add_argument("--table", action="store_true", help="print the tables of the results so far and exit")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -464,12 +489,12 @@ def main() -> None:
                         f.write(json.dumps(record) + "\n")
     if not args.table and args.part in ("healthy", "both"):
         project = make_project(args.out)
-        done = {(r["model"], r["seed"], tuple(r.get("climbed", STAGES))) for r in read_records(healthy_path)}
+        done = {(r["model"], r["seed"], tuple(r.get("climbed", STAGES)), r.get("clock", "wall")) for r in read_records(healthy_path)}
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             for model in args.models:
-                if (model, seed, tuple(args.stages)) in done or time.monotonic() >= deadline:
+                if (model, seed, tuple(args.stages), args.plan_clock) in done or time.monotonic() >= deadline:
                     continue
-                record = run_ladder(model, seed, args.out, project, args.stages, args.timeout)
+                record = run_ladder(model, seed, args.out, project, args.stages, args.timeout, args.plan_clock)
                 status = ", ".join(f"{s} {v}" for s, v in record["stages"].items() if v != "passed")
                 print(f"{model} seed {seed}: rc {record['rc']} in {record['seconds']:.0f} s; not passed: {status or 'none'}", flush=True)
                 with healthy_path.open("a") as f:

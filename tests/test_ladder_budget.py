@@ -61,6 +61,17 @@ def test_a_ladder_says_what_it_will_cost_before_it_climbs_and_journals_the_plan(
     assert len(seeds) == 2 and all(Path(e["path"]).name.startswith("seed_") for e in seeds)
 
 
+def test_a_plan_on_the_cpu_clock_says_so_and_a_clock_that_is_none_is_a_config_error(compose_cfg, tmp_path, one_thread):
+    from currytrain.validate import validate
+
+    cfg = compose_cfg("check=seeds", "data.max_bytes=300000", "check.plan_clock=cpu", "check.stages.seeds.max_steps=4")
+    ctx = StageContext(cfg, ParallelState(), tmp_path, Journal(tmp_path / "journal.jsonl"))
+    plan = build(cfg.check).plan(ctx)
+    assert plan.costs.step > 0 and " s of CPU here" in plan.summary() and plan.event()["clock"] == "cpu"
+    problems = validate(compose_cfg("check=ladder", "check.plan_clock=sundial"))
+    assert any(p.startswith("check.plan_clock=sundial") and "wall" in p for p in problems), problems
+
+
 def test_a_flat_sweep_never_passes_and_one_that_stays_at_chance_warns():
     flat = Sweep([1e-4, 1e-3, 1e-2, 1e-1], [5.55, 5.54, 5.56, 5.55], [5.55, 5.545, 5.55, 5.55], 1.0)
     finding = range_finding(flat, "steepest", 10.0, 0.1, learns=True, chance=CHANCE)

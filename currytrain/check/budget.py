@@ -57,13 +57,19 @@ class Costs:
         return self.build + self.steps(steps, sequences, seq_len, params) + evals
 
 
-def measure_costs(ctx: Any, step_seconds: float = 0.0, eval_batches: int = 10) -> Costs:
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+"""The plan's clocks: the seconds one waits here, or the process's CPU seconds (what a quiet machine's wall time is,
+with one thread, whatever else runs here)."""
+
+
+def measure_costs(ctx: Any, step_seconds: float = 0.0, eval_batches: int = 10, clock: str = "wall") -> Costs:
     """Build the configured run's components and time TIMED_STEPS training steps (two more before, unmeasured), inside
-    a scratch copy. step_seconds > 0 is taken as the step time instead (nothing is timed). Every rank plans with the
-    slowest rank's step, so that all plan the same steps."""
-    started = time.perf_counter()
+    a scratch copy, on `clock` (CLOCKS). step_seconds > 0 is taken as the step time instead (nothing is timed). Every
+    rank plans with the slowest rank's step, so that all plan the same steps."""
+    now = CLOCKS[clock]
+    started = now()
     parts = ctx.build()
-    build = time.perf_counter() - started
+    build = now() - started
     cfg = ctx.cfg.trainer
     sequences = int(cfg.batch_size) * int(cfg.grad_accum)
     seq_len = int(getattr(parts.data, "seq_len", 1) or 1)
@@ -73,21 +79,21 @@ def measure_costs(ctx: Any, step_seconds: float = 0.0, eval_batches: int = 10) -
         times = []
         with scratch(parts), seeded(parts):
             for _ in range(2 + TIMED_STEPS):
-                started = time.perf_counter()
+                started = now()
                 train_step(parts, batch)
-                times.append(time.perf_counter() - started)
+                times.append(now() - started)
         step_seconds = statistics.median(times[2:]) * int(cfg.grad_accum)
     step_seconds = max(ctx.state.gather(step_seconds))
-    return Costs(step_seconds, max(ctx.state.gather(build)), sequences, seq_len, params, eval_batches, refit_seconds())
+    return Costs(step_seconds, max(ctx.state.gather(build)), sequences, seq_len, params, eval_batches, refit_seconds(now))
 
 
-def refit_seconds(refits: int = 8) -> float:
-    """Seconds of one power-law refit here (a small bootstrap timed; numpy and scipy, not torch)."""
+def refit_seconds(now=time.perf_counter, refits: int = 8) -> float:
+    """Seconds of one power-law refit here on the clock `now` (a small bootstrap timed; numpy and scipy, not torch)."""
     from currytrain.stats.fits import fit_power_law
 
-    started = time.perf_counter()
+    started = now()
     fit_power_law([4e4, 8e4, 1.4e5, 2.9e5], [2.32, 2.16, 2.12, 2.18], bootstrap=refits, seed_std=0.06)
-    return (time.perf_counter() - started) / (refits + 1)
+    return (now() - started) / (refits + 1)
 
 
 @dataclass
@@ -96,6 +102,8 @@ class Plan:
 
     costs: Costs
     budget: float
+    clock: str = ""
+    """What the summary says after "s": " of CPU" when the plan timed CPU seconds, nothing for wall seconds."""
     factor: float = 1.0
     """The share of their configured steps the training stages keep (1: none cut)."""
     seconds: dict[str, float] = field(default_factory=dict)
@@ -110,7 +118,7 @@ class Plan:
     def summary(self) -> str:
         """What the console prints before the ladder starts."""
         stages = ", ".join(f"{name} {seconds:.0f} s" + (f" ({self.steps[name]})" if name in self.steps else "") for name, seconds in self.seconds.items())
-        head = f"check: one training step of the configured model takes {self.costs.step:.3g} s here ({self.costs.sequences} x {self.costs.seq_len} tokens)"
+        head = f"check: one training step of the configured model takes {self.costs.step:.3g} s{self.clock} here ({self.costs.sequences} x {self.costs.seq_len} tokens)"
         if self.budget > 0:
             head += f"; budget {self.budget:.0f} s"
             if self.factor < 1:
@@ -120,6 +128,7 @@ class Plan:
     def event(self) -> dict:
         return {
             "step_seconds": round(self.costs.step, 4),
+            "clock": "cpu" if self.clock else "wall",
             "budget_seconds": self.budget,
             "factor": round(self.factor, 3),
             "planned_seconds": {name: round(value, 1) for name, value in self.seconds.items()},
@@ -128,12 +137,12 @@ class Plan:
         }
 
 
-def plan_ladder(stages: dict[str, Any], ctx: Any, costs: Costs, budget: float, rounds: int = 14) -> Plan:
+def plan_ladder(stages: dict[str, Any], ctx: Any, costs: Costs, budget: float, rounds: int = 14, clock: str = "wall") -> Plan:
     """Each stage's cost at its configured steps; over `budget` (> 0), the largest factor of their steps the scalable
     stages can keep with the total inside the budget (found by bisection: a sub-run's build and evaluation do not
     shrink with its steps, and floors stop some), then every stage's cost at its planned steps. Below every floor the
     plan keeps the floors, and says what that costs."""
-    plan = Plan(costs, budget)
+    plan = Plan(costs, budget, " of CPU" if clock == "cpu" else "")
     scalable = [stage for stage in stages.values() if getattr(stage, "scalable", False)]
 
     def total(factor: float) -> float:

@@ -344,6 +344,14 @@ class LadderConfig:
     fixed value makes the plan, and so the steps, the same on every machine."""
     eval_batches: int = bounded(0, ge=0)
     """Val batches each sub-run of the ladder evaluates its final loss on; 0: trainer.eval_batches."""
+    plan_clock: str = "wall"
+    """How the plan times its step: wall (the seconds you wait here) or cpu (this process's CPU seconds, every thread's:
+    on a machine other jobs keep busy, the step a quiet one would take with one thread; the plan and its steps then do
+    not follow the load)."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        return one_of(node, path, "plan_clock", ("wall", "cpu"))
 
 
 @dataclass

@@ -27,10 +27,18 @@ REPORT = "report.md"
 class Ladder:
     """The stages of `check.stages` (built Stage objects, by name), run in order. LadderConfig's fields."""
 
-    def __init__(self, stages: dict[str, Any], stop_at_failure: bool = True, budget_seconds: float = 0.0, step_seconds: float = 0.0, eval_batches: int = 0):
+    def __init__(
+        self,
+        stages: dict[str, Any],
+        stop_at_failure: bool = True,
+        budget_seconds: float = 0.0,
+        step_seconds: float = 0.0,
+        eval_batches: int = 0,
+        plan_clock: str = "wall",
+    ):
         self.stages: dict[str, Stage] = dict(stages)
         self.stop_at_failure = stop_at_failure
-        self.budget_seconds, self.step_seconds, self.eval_batches = budget_seconds, step_seconds, eval_batches
+        self.budget_seconds, self.step_seconds, self.eval_batches, self.plan_clock = budget_seconds, step_seconds, eval_batches, plan_clock
 
     def plan(self, ctx: StageContext) -> Plan | None:
         """The ladder's cost, planned from a measured step (currytrain.check.budget), the training stages cut to fit the
@@ -38,8 +46,8 @@ class Ladder:
         if self.budget_seconds <= 0 and not any(stage.scalable for stage in self.stages.values()):
             return None
         eval_batches = self.eval_batches or int(ctx.cfg.trainer.eval_batches)
-        costs = measure_costs(ctx, self.step_seconds, eval_batches)
-        return plan_ladder(self.stages, ctx, costs, self.budget_seconds)
+        costs = measure_costs(ctx, self.step_seconds, eval_batches, self.plan_clock)
+        return plan_ladder(self.stages, ctx, costs, self.budget_seconds, clock=self.plan_clock)
 
     def climb(self, ctx: StageContext, results: list[StageResult] | None = None) -> list[StageResult]:
         """Every stage's result (appended to `results` as each ends), stopping after the first failed gate
