@@ -110,3 +110,18 @@ def test_a_flag_outside_the_state_dict_breaks_resume_equivalence_and_a_buffer_ke
     assert results["attribute"].status is Status.FAILED and "actnorm.scale" in results["attribute"].observed, results["attribute"]
     assert "the losses part at step 3" in results["attribute"].observed, "identical up to the checkpoint, apart after it"
     assert not (tmp_path / "buffer" / "resume" / "resumed" / "checkpoints").exists(), "the probe's checkpoints are removed"
+
+
+def test_a_block_that_stochastic_depth_skips_on_one_seed_is_no_cut_gradient(zoo):
+    """LayerDrop skips a block in some forwards: the gradient-flow probe asks other seeds before it calls the block cut
+    off (one backward alone would have named it, the zoo's seed 0 of layerdrop_python_rng did)."""
+    from currytrain.check.preflight.wiring import gradient_flow
+
+    parts, _ = zoo(dropout=0.0)
+    block = parts.model.h[1]
+    forward = block.forward
+    block.forward = lambda x: x if block.training and float(torch.rand(())) < 0.5 else forward(x)  # seed 0 draws 0.50: skipped
+    finding = gradient_flow(parts, get_batch(parts, 4))
+    assert finding.status is Status.PASSED, finding
+    block.forward = lambda x: forward(x).detach()  # cut off on every seed
+    assert gradient_flow(parts, get_batch(parts, 4)).status is Status.FAILED
