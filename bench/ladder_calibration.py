@@ -135,7 +135,9 @@ class {Name}Model(nn.Module):
         return self.lm_head(self.ln_f(x))
 
     def loss(self, logits, targets):
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=self.IGNORE)
+        targets = targets.reshape(-1)  # (sum, scored targets): the form a step adds up over microbatches and ranks
+        total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets, ignore_index=self.IGNORE, reduction="sum")
+        return total, (targets != self.IGNORE).sum()
 
     def param_groups(self):
         params = list(self.parameters())

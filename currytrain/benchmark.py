@@ -116,11 +116,14 @@ def _split_step(parts: Components, microbatches: list) -> dict[str, float]:
     """Seconds of forward, backward and optimizer (clip + step) of one step, each synchronized."""
     device, split = parts.state.device, {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
     autocast = parts.autocast_dtype
+    normalization = parts.normalization
+    scale = 1 / max(1, sum(normalization.count(targets) for _, targets in microbatches))
     for inputs, targets in microbatches:
         inputs, targets = inputs.to(device), targets.to(device)
         tic = time.perf_counter()
         with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
-            loss = parts.forward_loss(inputs, targets)[1] / len(microbatches)
+            task, auxiliary = parts.forward_loss(inputs, targets)
+            loss = task.total * scale + (auxiliary / len(microbatches) if auxiliary is not None else 0)
         _synchronize(device)
         split["forward"] += time.perf_counter() - tic
         tic = time.perf_counter()
@@ -153,6 +156,7 @@ def step_benchmark(cfg: DictConfig, steps: int = 20, warmup: int = 3) -> dict[st
             parts.optimizer,
             microbatches,
             forward_loss=parts.forward_loss,
+            normalization=parts.normalization,
             grad_clip=trainer.grad_clip,
             autocast_dtype=parts.autocast_dtype,
             loss_context=parts.state.loss_context,

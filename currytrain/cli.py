@@ -10,6 +10,8 @@
     currytrain diagnose RUN [--json]         what went wrong, and the fix (a multirun: each SLURM job's state)
     currytrain bench [overrides] [--json]    tokens/s, MFU and the step's split for a config
     currytrain estimate [overrides] [--tokens T] [--gpu h100]   FLOPs, time, device-hours and money of a run
+    currytrain generate RUN --prompt TEXT    text from a run's latest checkpoint or an import (KV cache, streamed)
+    currytrain eval RUN [tasks=[...]]        the eval group's evaluators on a run's checkpoint or an import
 
 Each subcommand imports its machinery only when it runs, so `currytrain --help` stays instant.
 A typed outcome (currytrain.errors) prints one message and exits with its code: 2 for a user error.
@@ -260,8 +262,15 @@ def _add_runs(commands: argparse._SubParsersAction) -> None:
     compare = commands.add_parser("compare", help="compare runs, seeds and sweeps: better/worse/equivalent/inconclusive with test, n and p")
     compare.add_argument("runs", nargs="+", help="run folders, multirun folders or sweep folders, in any mix")
     compare.add_argument("--out", default=None, help="folder for report.md and curves.png (default: compare/ in the runs' common parent)")
-    compare.add_argument("--metric", default="val_loss", help="the final value compared (default val_loss; any journaled metric, e.g. train/loss)")
-    compare.add_argument("--direction", default="minimize", choices=["minimize", "maximize"], help="whether lower or higher is better")
+    compare.add_argument(
+        "--metric", default="val_loss", help="the final value compared (default val_loss; any journaled metric: train/loss, eval/<task>/<metric>)"
+    )
+    compare.add_argument(
+        "--direction",
+        default=None,
+        choices=["minimize", "maximize"],
+        help="whether lower or higher is better (default: as the runs' evaluations journal it for an eval/ metric, else minimize)",
+    )
     compare.add_argument("--baseline", default=None, help="the group the others are judged against, by its printed name or a run folder (default: the first)")
     compare.add_argument("--alpha", type=float, default=0.05, help="significance level (0.01 for a claim worth a headline)")
     compare.add_argument("--delta", type=float, default=None, help="equivalence margin in the metric's unit: 'equivalent within ±delta' by TOST")
@@ -275,6 +284,60 @@ def _add_runs(commands: argparse._SubParsersAction) -> None:
     diagnose.set_defaults(handler=_diagnose)
 
 
+def _generate(args: argparse.Namespace) -> None:
+    from currytrain.eval.commands import read_prompts, run_generate
+    from currytrain.eval.generate import Sampling
+
+    temperature = 0.0 if args.greedy else args.temperature
+    sampling = Sampling(args.max_new_tokens, temperature, args.top_k, args.top_p, args.seed)
+    prompts = read_prompts(args.prompt, args.prompts_file)
+    run_generate(args.run, prompts, sampling, tokenizer=args.tokenizer, device=args.device, as_json=args.json)
+
+
+def _add_generate(commands: argparse._SubParsersAction) -> None:
+    generate = commands.add_parser("generate", help="generate text from a run's latest checkpoint or an import folder (docs/evaluation.md)")
+    generate.add_argument("run", help="a run folder (its latest complete checkpoint), a checkpoint folder or a `currytrain hf import` folder")
+    generate.add_argument("--prompt", action="append", default=[], help="the text to continue (repeat for several prompts)")
+    generate.add_argument("--prompts-file", default=None, help="a file of prompts: one a line (\\n for a newline), or .jsonl records with a 'prompt'")
+    generate.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate at most (default 64)")
+    generate.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8); 0 is greedy")
+    generate.add_argument("--greedy", action="store_true", help="the most likely token each time (same as --temperature 0)")
+    generate.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (default 0: all)")
+    generate.add_argument("--top-p", type=float, default=1.0, help="sample among the most likely tokens holding this probability (default 1: all)")
+    generate.add_argument("--seed", type=int, default=0, help="seed of the draws (default 0): same seed, same text")
+    generate.add_argument("--tokenizer", default=None, help="a tokenizer.json or a folder holding one (default: the run's data tokenizer, or bytes)")
+    generate.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    generate.add_argument("--json", action="store_true", help="print one JSON record a prompt (text, token ids, why it stopped, tokens/s)")
+    generate.set_defaults(handler=_generate)
+
+
+def _eval(args: argparse.Namespace) -> None:
+    from currytrain.config import compose_config
+    from currytrain.eval.commands import eval_overrides, run_eval
+    from currytrain.validate import check_tree, raise_on_problems
+
+    cfg = compose_config(eval_overrides(args.overrides))
+    raise_on_problems(check_tree(cfg.eval, "eval"))
+    metrics = run_eval(args.run, cfg.eval, tokenizer=args.tokenizer, device=args.device, out=args.out)
+    if args.json:
+        print(json.dumps(metrics, indent=2))
+        return
+    width = max(map(len, metrics), default=0)
+    for name, value in metrics.items():
+        print(f"{name:<{width}}  {value:.6g}")
+
+
+def _add_eval(commands: argparse._SubParsersAction) -> None:
+    evaluate = commands.add_parser("eval", help="run the eval group's evaluators on a run's latest checkpoint or an import (docs/evaluation.md)")
+    evaluate.add_argument("run", help="a run folder (its latest complete checkpoint), a checkpoint folder or a `currytrain hf import` folder")
+    evaluate.add_argument("overrides", nargs="*", help="eval group overrides: eval=synthetic (default), tasks=[curry_nextline], limit=50, +texts.NAME=FILE")
+    evaluate.add_argument("--tokenizer", default=None, help="a tokenizer.json or a folder holding one (default: the run's data tokenizer, or bytes)")
+    evaluate.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    evaluate.add_argument("--out", default=None, help="also write results.json and report.md into this folder (an import folder's results go nowhere else)")
+    evaluate.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    evaluate.set_defaults(handler=_eval)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="currytrain", description="curryTrain actions besides training (python launch.py trains).")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -282,6 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_hf(commands)
     _add_runs(commands)
     _add_estimate(commands)
+    _add_generate(commands)
+    _add_eval(commands)
     return parser
 
 

@@ -19,12 +19,12 @@ from omegaconf import DictConfig
 from currytrain.build import allow_modules, build
 from currytrain.errors import ConfigError
 from currytrain.model import build_model
-from currytrain.model.protocol import ForwardLoss, LossFn, TaskLoss, causal_lm_loss, data_ignore_index, default_loss, model_loss, task_loss
+from currytrain.model.protocol import ForwardLoss, LossFn, LossSum, TaskLoss, data_ignore_index, default_loss, model_loss, own_loss, task_loss, token_loss_sum
 from currytrain.optim.builders import build_scheduler
 from currytrain.parallel.compile import compile_forward_loss, compile_loss, compiles_whole
 from currytrain.parallel.float8 import FLOAT8_MULTIPLE, float8_linears
 from currytrain.parallel.kernels import AttentionChoice, choose_attention_precision
-from currytrain.parallel.state import ParallelState
+from currytrain.parallel.state import Normalization, ParallelState
 
 PRECISION_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
 """The autocast of each trainer.precision (fp8: bf16 around the float8 matmuls of currytrain/parallel/float8.py)."""
@@ -52,21 +52,31 @@ class Components:
     forward_loss: ForwardLoss
     """A microbatch's forward and loss (what accumulated_step runs): under trainer.compile on one process the
     model and the loss compiled as one graph, else model_loss(model, loss_fn)."""
-    loss_fn: LossFn = causal_lm_loss
-    """The default loss of (logits, targets), ignoring the data adapter's ignore_index; compiled under
-    trainer.compile with parallelism. A model with its own loss() trains on that instead (task_loss)."""
+    loss_fn: LossFn = token_loss_sum
+    """The default loss of (logits, targets), summed over the targets that are not the data adapter's ignore_index;
+    compiled under trainer.compile with parallelism. A model with its own loss() trains on that instead (task_loss)."""
     pipeline: Any = None
     """The PipelineRunner that steps this rank's stages under pipeline parallelism (parallel.pp > 1), else None."""
     task_loss: TaskLoss | None = None
-    """(logits, batch) -> the task loss the trainer's eval and the ladder's probes score: the model's own loss()
-    when it has one (currytrain.model.protocol), else loss_fn. build_components sets it; None means loss_fn."""
+    """(logits, batch) -> the task loss (a LossSum) the trainer's eval and the ladder's probes score: the data's or
+    the model's own loss() when there is one (currytrain.model.protocol), else loss_fn. build_components sets it;
+    None means loss_fn over the targets that are not the data adapter's ignore_index."""
     attention: AttentionChoice | None = None
     """The attention kernel's dtype trainer.attention_precision chose (the Trainer journals it), None where there
     was nothing to choose."""
 
     def score(self, logits: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """The task loss of `logits` on `batch` (task_loss, else loss_fn against the targets)."""
-        return self.task_loss(logits, batch) if self.task_loss is not None else self.loss_fn(logits, batch[1])
+        """The task loss of `logits` on `batch` per scored target (what one batch alone reports)."""
+        return self.score_sum(logits, batch).mean
+
+    def score_sum(self, logits: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> LossSum:
+        """The task loss of `logits` on `batch` as (sum, scored targets): what evaluations add up over batches."""
+        return (self.task_loss or task_loss(self.model, self.loss_fn, self.data))(logits, batch)
+
+    @property
+    def normalization(self) -> Normalization:
+        """How a training step counts this run's scored targets, and over which ranks (trainer.step)."""
+        return self.state.normalization(data_ignore_index(self.data), own=own_loss(self.module, self.data) is not None)
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:

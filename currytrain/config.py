@@ -37,6 +37,7 @@ from currytrain.check.config import (
 from currytrain.conf import CONF_DIR
 from currytrain.cost.config import CostConfig
 from currytrain.data.config import DigitsConfig, ProbeConfig, StdlibBytesConfig, SyntheticConfig, TableConfig, TextConfig, TokensConfig
+from currytrain.eval.config import EvalConfig, NoEvalConfig
 from currytrain.logger.config import AimConfig, JsonlConfig, MLflowConfig, TensorBoardConfig, WandbConfig
 from currytrain.model.config import GQAConfig, MLPConfig, MoEConfig, SpikingConfig
 from currytrain.optim.config import AdamWConfig, SGDConfig
@@ -78,6 +79,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "sweep": {"none": NoSweepConfig, **{name: OptunaSweepConfig for name in SWEEP_PRESETS}},
     "abort": {"none": NoAbortConfig, "default": AbortConfig, "strict": AbortConfig},
     "cost": {"h100": CostConfig, "a100": CostConfig, "cpu": CostConfig},
+    "eval": {"none": NoEvalConfig, "synthetic": EvalConfig, "local": EvalConfig},
 }
 
 
@@ -100,6 +102,7 @@ class RootConfig:
     sweep: Any = MISSING
     abort: Any = MISSING
     cost: Any = MISSING
+    eval: Any = MISSING
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     build: BuildConfig = field(default_factory=BuildConfig)
     seed: int = bounded(0, ge=0, lt=2**63)

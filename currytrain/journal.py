@@ -139,7 +139,7 @@ def read_journal(path: Path) -> list[dict]:
 
 RESTARTS = ("resume", "rollback")
 """Events after which a run re-runs the steps past the checkpoint it loaded (the event's step)."""
-CURVES = ("metrics", "eval")
+CURVES = ("metrics", "eval", "evaluation")
 
 
 def superseded(records: list[dict]) -> set[int]:

@@ -23,6 +23,7 @@ from currytrain.build import target_problems
 from currytrain.data.base import BYTE_VOCAB, PROBE_SPECIAL_TOKENS
 from currytrain.data.config import DigitsConfig, ProbeConfig, TabularConfig
 from currytrain.errors import ConfigError, ConfigRejected, format_problems
+from currytrain.eval.config import EvalConfig
 from currytrain.lock import acquire, held_by_another, holding
 from currytrain.model.config import DecoderConfig, GQAConfig, MLPConfig, MoEConfig
 from currytrain.optim.config import AdamWConfig
@@ -408,6 +409,33 @@ def _check_loggers(cfg: DictConfig) -> list[str]:
     return [] if cfg.logger else ["logger is empty: pass logger=[tensorboard,jsonl] (or at least one logger)"]
 
 
+def _check_eval(cfg: DictConfig) -> list[str]:
+    """The evaluators read the run's text with its tokenizer, on a model whose whole forward runs on each rank."""
+    node = cfg.get("eval")
+    if node is None or not _is(node, EvalConfig):
+        return []
+    from currytrain.eval.source import codec_problem
+
+    problems = []
+    run = {key: OmegaConf.to_container(cfg[key], resolve=True) for key in ("data", "trainer")}
+    if problem := codec_problem(run, "eval", "pass data.tokenizer=<its tokenizer.json>, or eval=none"):
+        problems.append(problem)
+    dims = _resolved_dims(cfg) if _is(cfg.parallel, ParallelConfig) else None
+    for axis in ("pp", "cp"):
+        degree = getattr(dims, axis, 1) if dims is not None else 1
+        if degree > 1:
+            problems.append(
+                f"eval (evaluators in the loop) with parallel.{axis}={degree}: a rank holds only part of the model's forward (its pipeline stages, its "
+                f"share of each sequence), and the evaluators need all of it: pass eval=none and run `currytrain eval RUN` after training"
+            )
+    seq_len = node.seq_len if isinstance(node.seq_len, int) else 0
+    if "max_seq_len" in cfg.model and seq_len > cfg.model.max_seq_len:
+        problems.append(
+            f"eval.seq_len={seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len}: pass eval.seq_len={cfg.model.max_seq_len} or less (0: data.seq_len)"
+        )
+    return problems
+
+
 PARALLEL_CHECKS = (_check_batch_split, _check_tensor_parallel, _check_expert_parallel, _check_context_parallel, _check_pipeline_parallel)
 """The rules that tie the parallel degrees to the model, the data and the trainer."""
 
@@ -420,6 +448,7 @@ CROSS_GROUP_CHECKS = (
     _check_fabric_precision,
     _check_float8,
     _check_loggers,
+    _check_eval,
 )
 
 

@@ -100,10 +100,13 @@ class PlainLM(nn.Module):
             x = _Reverse.apply(x)
         return self.head(x)
 
-    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Its own loss: the pad id is not scored."""
-        value = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=PAD)
-        return -value if self.bug == "negated_loss" else value
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor:
+        """Its own loss: the pad id is not scored; (sum, count) says so (currytrain.model.protocol)."""
+        flat = targets.reshape(-1)
+        if self.bug == "masked_mean_loss":  # one number: a mean over its own mask, which no step can weigh right
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), flat, ignore_index=PAD)
+        value = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), flat, ignore_index=PAD, reduction="sum")
+        return (-value if self.bug == "negated_loss" else value), (flat != PAD).sum()
 
     def param_groups(self):
         """Its own groups: no weight decay on norms, biases and embeddings."""
@@ -121,7 +124,7 @@ class PlainLM(nn.Module):
         return [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
 
 
-BUGS = ("slow_blocks", "norm_hides_vanishing", "eval_dropout", "missing_from_optimizer", "gradient_reversal", "negated_loss")
+BUGS = ("slow_blocks", "norm_hides_vanishing", "eval_dropout", "missing_from_optimizer", "gradient_reversal", "negated_loss", "masked_mean_loss")
 """The faults PlainLM can carry (padding counted in the loss is PaddedCorpus's, declare_pad=False)."""
 
 

@@ -384,14 +384,16 @@ class GPT(nn.Module):
             x = block(x)
         return self.lm_head(self.ln_f(x))
 
-    def loss(self, logits: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """Its own loss on (inputs, next-token targets); positions whose target is IGNORE are not scored."""
+    def loss(self, logits: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Its own loss on (inputs, next-token targets) as (sum, scored targets); a target of IGNORE is not scored."""
         inputs, targets = batch
         if self.bug == "shifted_twice":  # the bug: the targets are already the next tokens, and are shifted once more
             logits, targets = logits[:, :-1], targets[:, 1:]
         if self.bug == "not_shifted":  # the bug: labels = input ids, scored without the shift
             targets = inputs
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=IGNORE)
+        targets = targets.reshape(-1)
+        total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets, ignore_index=IGNORE, reduction="sum")
+        return total, (targets != IGNORE).sum()
 
     def auxiliary_loss(self) -> torch.Tensor:
         """The experts' balancing losses of the last forward, weighted (nothing without experts)."""
@@ -431,6 +433,7 @@ class DocumentCorpus(TokenCorpus):
         generator = torch.Generator().manual_seed(seed)
         super().__init__(self._documents(train, generator), self._documents(val, generator), seq_len, seed)
         self.vocab_size = 256
+        self.ignore_index = IGNORE  # the targets it masks (none, but for the bug) carry the control's own ignore index
         self.bug = bug
 
     @staticmethod

@@ -75,6 +75,9 @@ def _option_overrides(group: str, option: str, tmp_path: Path) -> list[str]:
         overrides.append("model=moe")
     if (group, option) == ("parallel", "pp"):  # a stage per rank needs a layer each; 1f1b needs a microbatch per stage
         overrides += ["model.n_layers=2", "trainer.grad_accum=2"]
+    if (group, option) == ("eval", "local"):  # the user's own evaluators: here a held-out text set
+        (tmp_path / "held.txt").write_text("print('held out')\n" * 20)
+        overrides.append(f"+eval.texts.held={tmp_path / 'held.txt'}")
     if (group, option) == ("data", "text"):
         text = tmp_path / "corpus"
         text.mkdir()

@@ -55,7 +55,7 @@ def test_blocks_are_found_by_structure_whatever_their_attribute():
 def test_the_models_loss_is_found_by_type_and_called_with_targets_or_the_batch():
     logits, inputs, targets = torch.randn(2, 3, 7), torch.zeros(2, 3, dtype=torch.long), torch.randint(7, (2, 3))
     assert hook(Leaf(), HasLoss) is None, "self.loss = nn.CrossEntropyLoss() is a module, not the hook"
-    default = task_loss(Leaf())(logits, (inputs, targets))
+    default = task_loss(Leaf())(logits, (inputs, targets)).mean
     assert torch.allclose(default, F.cross_entropy(logits.reshape(-1, 7), targets.reshape(-1)))
 
     class WithBatch(nn.Module):
@@ -67,9 +67,9 @@ def test_the_models_loss_is_found_by_type_and_called_with_targets_or_the_batch()
         def loss(self, logits, targets):
             return F.cross_entropy(logits.reshape(-1, 7), targets.reshape(-1), ignore_index=0)
 
-    assert torch.allclose(task_loss(WithBatch())(logits, (inputs, targets)), default)
+    assert torch.allclose(task_loss(WithBatch())(logits, (inputs, targets)).mean, default)
     expected = F.cross_entropy(logits.reshape(-1, 7), targets.reshape(-1), ignore_index=0)
-    assert torch.allclose(task_loss(WithTargets())(logits, (inputs, targets)), expected)
+    assert torch.allclose(task_loss(WithTargets())(logits, (inputs, targets)).mean, expected)
 
 
 def test_the_models_groups_become_the_optimizers():
@@ -108,10 +108,11 @@ def test_the_trainer_and_bench_use_the_models_loss_groups_and_sizes(compose_cfg,
     assert [g["weight_decay"] for g in parts.optimizer.param_groups] == [0.1, 0.0], "PlainLM's own groups"
     inputs, targets = data.batch("val", 0, 0, 4)
     with torch.no_grad():
-        own = float(model.loss(model(inputs), targets))
+        total, count = model.loss(model(inputs), targets)  # (sum, count)
+        own = float(total / count)
         default = float(F.cross_entropy(model(inputs).reshape(-1, 256), targets.reshape(-1)))
     with torch.no_grad():
-        assert float(parts.forward_loss(inputs, targets)[0]) == pytest.approx(own) and own != pytest.approx(default)
+        assert float(parts.forward_loss(inputs, targets)[0].mean) == pytest.approx(own) and own != pytest.approx(default)
     val = Trainer(cfg, tmp_path, ParallelState(), components=parts).train()
     assert math.isfinite(val)
     assert model_sizes(model, cfg.model) == (2, 32), "blocks and width from the model, not from model.n_layers/model.dim"

@@ -57,13 +57,14 @@ def write_resolved(cfg, run_dir: Path) -> str:
     return str(run_dir / RESOLVED)
 
 
-def run_two_workers(paths: list[str]) -> None:
+def run_two_workers(paths: list[str], entry=None) -> None:
+    """`entry(paths)` (default: tests/dp_worker.train_each) on 2 local workers."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from tests.dp_worker import train_each
 
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, run_id="test-dp")
-    elastic_launch(config, train_each)(paths)
+    elastic_launch(config, entry or train_each)(paths)
 
 
 def single(compose_cfg, run_dir: Path, *overrides: str) -> dict[int, float]:

@@ -25,7 +25,7 @@ from currytrain.check.stage import Finding, Stage, StageContext, StageResult, St
 from currytrain.check.subruns import model_at_width, width_skipped
 from currytrain.components import Components
 from currytrain.model import build_model
-from currytrain.model.protocol import LossFn, causal_lm_loss, find_blocks, task_loss
+from currytrain.model.protocol import LossFn, find_blocks, task_loss, token_loss_sum
 
 
 def layer_types(model: torch.nn.Module) -> dict[str, list[torch.nn.Module]]:
@@ -85,7 +85,7 @@ def grad_scales(model: torch.nn.Module) -> dict[str, float]:
 
 
 def measure(
-    cfg: DictConfig, width: int, batch: tuple[torch.Tensor, torch.Tensor], steps: int, lr: float | None, loss_fn: LossFn = causal_lm_loss
+    cfg: DictConfig, width: int, batch: tuple[torch.Tensor, torch.Tensor], steps: int, lr: float | None, loss_fn: LossFn = token_loss_sum
 ) -> dict[str, float]:
     """Train the model at `width` `steps` Adam steps on `batch`; its activation, update and gradient scales."""
     torch.manual_seed(cfg.seed)
@@ -99,7 +99,7 @@ def measure(
     before = capture(model, inputs)
     gradients: dict[str, float] = {}
     for index in range(steps):
-        score(model(inputs), (inputs, targets)).backward()
+        score(model(inputs), (inputs, targets)).mean.backward()
         if index == 0:
             gradients = grad_scales(model)
         optimizer.step()

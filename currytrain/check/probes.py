@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from currytrain.components import Components
+from currytrain.model.protocol import full
 from currytrain.trainer.step import Batch, StepResult, run_accumulated_step
 
 StepFn = Callable[[Components, Batch], StepResult]
@@ -25,7 +26,13 @@ def train_step(parts: Components, batch: Batch) -> StepResult:
     run's loss (the model's own when it has one)."""
     clip = parts.cfg.trainer.grad_clip
     return run_accumulated_step(
-        parts.model, parts.optimizer, [batch], loss_fn=parts.loss_fn, forward_loss=parts.forward_loss, grad_clip=clip, autocast_dtype=parts.autocast_dtype
+        parts.model,
+        parts.optimizer,
+        [batch],
+        forward_loss=parts.forward_loss,
+        normalization=parts.normalization,
+        grad_clip=clip,
+        autocast_dtype=parts.autocast_dtype,
     )
 
 
@@ -35,12 +42,13 @@ def get_batch(parts: Components, batch_size: int, split: str = "train", step: in
 
 
 def loss_of(parts: Components, batch: Batch, *, with_aux: bool = True) -> torch.Tensor:
-    """The loss a training step backpropagates (with_aux: the task loss plus the model's auxiliary loss), or the
-    task loss alone: the run's own forward_loss, so the model's loss() when it has one."""
+    """The loss a training step of this one batch backpropagates (with_aux: the task loss per scored target plus the
+    model's auxiliary loss), or the task loss alone: the run's own forward_loss, so the model's loss() when it has one."""
     dtype = parts.autocast_dtype
     with torch.autocast(parts.state.device.type, dtype=dtype, enabled=dtype is not None):
-        task, training = parts.forward_loss(*batch)
-    return training if with_aux else task
+        task, auxiliary = parts.forward_loss(*batch)
+    loss = full(task.total) / max(1, int(task.count))
+    return loss + auxiliary if with_aux and auxiliary is not None else loss
 
 
 @contextlib.contextmanager

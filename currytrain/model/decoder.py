@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from currytrain.model.cache import KVCache
 from currytrain.model.layers import (
     BLOCKS,
     Attention,
@@ -198,6 +199,35 @@ class Decoder(nn.Module):
         for layer, table in zip(self.layers, self.layer_rope):
             h = layer(h, *tables[table])
         return self.readout(h)
+
+    def decode(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Logits (batch, new, vocab_size) of `tokens` (batch, new), the positions after the cache's, which
+        attend to the cached keys and values and are added to them (generation: model/protocol.py HasKVCache).
+        The RoPE tables are those of the whole sequence so far (dynamic scaling follows its length, as
+        transformers' cached generation does), read from the new tokens' first position. LongRoPE rotates every
+        position with its long factors once the sequence passes the original context: the keys cached with the short
+        ones are computed again then (as transformers' Phi-3 generation does)."""
+        start, new = cache.length, tokens.shape[1]
+        if 0 < start and self._switches_rope(start, start + new):
+            seen = cache.seen()
+            cache.clear()
+            return self.decode(torch.cat([seen, tokens], dim=1), cache)[:, start:]
+        tables = self.rope_tables(start + new)
+        if any(len(cos) < start + new for cos, _ in tables):
+            raise ValueError(f"positions {start}-{start + new - 1} lie beyond the model's context of max_seq_len={self.max_seq_len} tokens")
+        h = self.tok_embeddings(tokens)
+        for index, (layer, table) in enumerate(zip(self.layers, self.layer_rope)):
+            cos, sin = tables[table]
+            h = layer(h, cos[start:], sin[start:], cache=cache.layer(index))
+        cache.advance(tokens)
+        return self.readout(h)
+
+    def _switches_rope(self, before: int, after: int) -> bool:
+        """Whether LongRoPE's tables change between sequences of `before` and `after` tokens."""
+        if self.rope_dynamic is None or self.rope_dynamic[2].kind != "longrope":
+            return False
+        original = self.rope_dynamic[2].original_max_seq_len
+        return before <= original < after
 
 
 def layer_kinds(n_layers: int, layer_types: Sequence[str], sliding_window: int) -> list[str]:

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from currytrain.model.cache import LayerCache
+
 
 class RMSNorm(nn.Module):
     """Root-mean-square norm: rescale by 1/rms(x), no mean subtraction, learned gain."""
@@ -194,19 +196,22 @@ def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
     return torch.cat((apply_rope(x[..., :rotated], cos, sin), x[..., rotated:]), dim=-1)
 
 
-def window_mask(seq_len: int, window: int | None, device: torch.device) -> torch.Tensor:
-    """(seq, seq) True where query i may attend key j: causal, and 0 <= i - j < window when a window is given."""
-    offset = torch.arange(seq_len, device=device)[:, None] - torch.arange(seq_len, device=device)[None, :]
+def window_mask(seq_len: int, window: int | None, device: torch.device, num_keys: int | None = None) -> torch.Tensor:
+    """(queries, keys) True where a query may attend a key: causal, and 0 <= i - j < window when a window is given.
+    The seq_len queries are the last positions of num_keys keys (default seq_len): a KV cache's new tokens."""
+    num_keys = seq_len if num_keys is None else num_keys
+    offset = torch.arange(num_keys - seq_len, num_keys, device=device)[:, None] - torch.arange(num_keys, device=device)[None, :]
     return (offset >= 0) & (offset < window) if window else offset >= 0
 
 
 def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, *, softcap: float, window: int | None) -> torch.Tensor:
     """Causal attention whose scores are soft-capped, cap * tanh(scores / cap), before the mask and the softmax
-    (Gemma 2). Written out, since the fused kernels cannot cap; q, k, v have the same number of heads."""
+    (Gemma 2). Written out, since the fused kernels cannot cap; q, k, v have the same number of heads (k and v may
+    hold earlier positions than q: a KV cache's)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
     scores = torch.tanh(scores / softcap) * softcap
-    scores = scores.masked_fill(~window_mask(q.shape[-2], window, q.device), float("-inf"))
+    scores = scores.masked_fill(~window_mask(q.shape[-2], window, q.device, k.shape[-2]), float("-inf"))
     return torch.matmul(scores.softmax(dim=-1, dtype=torch.float32).to(v.dtype), v)
 
 
@@ -274,10 +279,14 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         return q, k, v
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        """cos, sin: the RoPE tables from x's first position on. cache: generation's keys and values of the earlier
+        positions (model/cache.py); x's are added to it and its queries attend to all of them."""
         batch, seq_len, _ = x.shape
         q, k, v = self.project(x)
         q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(k, v)
         # Grouped kv heads: SDPA's enable_gqa where its kernel for this input takes them (CPU; flash attention on
         # a GPU, which needs 16-bit inputs), else k/v expanded to every head: on a GPU in fp32 the efficient and
         # cuDNN kernels refuse enable_gqa and SDPA would fall back to the slow math one. The ring attention of
@@ -298,8 +307,14 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(batch, seq_len, -1))
 
     def sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool) -> torch.Tensor:
-        """Torch's fused causal attention (SDPA), within the sliding window when the sequence is longer than it."""
-        seq_len = q.shape[-2]
+        """Torch's fused causal attention (SDPA), within the sliding window when the sequence is longer than it.
+        Keys beyond the queries (a KV cache's earlier positions) come first: the queries are the last positions."""
+        seq_len, num_keys = q.shape[-2], k.shape[-2]
+        if num_keys > seq_len:
+            if seq_len == 1 and not (self.sliding_window and num_keys > self.sliding_window):  # one query sees every key
+                return F.scaled_dot_product_attention(q, k, v, scale=self.softmax_scale, enable_gqa=gqa)
+            mask = window_mask(seq_len, self.sliding_window, q.device, num_keys)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.softmax_scale, enable_gqa=gqa)
         if self.sliding_window and seq_len > self.sliding_window:
             mask = window_mask(seq_len, self.sliding_window, q.device)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.softmax_scale, enable_gqa=gqa)
@@ -455,7 +470,8 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     """Pre-norm residual block (Llama): x + attention(attention_norm(x)), then x + mlp(mlp_norm(x)).
 
-    attention: the block's attention, called as attention(h, cos, sin); mlp: its feed-forward module (a SwiGLU,
+    attention: the block's attention, called as attention(h, cos, sin, cache=cache) (the cache by keyword: tensor
+    parallelism's input plan lays out three positional inputs); mlp: its feed-forward module (a SwiGLU,
     an MoE), registered as `mlp_name` so that checkpoints keep each family's names; norm(): a new RMSNorm of the
     residual width. SandwichBlock and PostNormBlock place the norms elsewhere (model.norm_position).
     """
@@ -477,8 +493,8 @@ class Block(nn.Module):
             self.post_mlp_norm = norm()
         self.mlp_name = mlp_name
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, cache=cache)
         return x + self._modules[self.mlp_name](self.mlp_norm(x))
 
     def residual_projections(self) -> tuple[nn.Linear, ...]:
@@ -491,8 +507,8 @@ class SandwichBlock(Block):
 
     pre_norm, post_norm = True, True
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.post_attention_norm(self.attention(self.attention_norm(x), cos, sin))
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        x = x + self.post_attention_norm(self.attention(self.attention_norm(x), cos, sin, cache=cache))
         return x + self.post_mlp_norm(self._modules[self.mlp_name](self.mlp_norm(x)))
 
 
@@ -501,8 +517,8 @@ class PostNormBlock(Block):
 
     pre_norm, post_norm = False, True
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.post_attention_norm(self.attention(x, cos, sin))
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        x = x + self.post_attention_norm(self.attention(x, cos, sin, cache=cache))
         return x + self.post_mlp_norm(self._modules[self.mlp_name](x))
 
 

@@ -27,13 +27,13 @@ FP32_CHUNKS = 8
 """fp32 logits take the chunked loss from this many chunks (16 MB: 512 tokens of an 8k vocabulary)."""
 
 
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int) -> torch.Tensor:
-    """Mean cross-entropy in fp32 of logits (tokens, classes) against class indices (tokens,), skipping
-    `ignore_index` targets: chunked_cross_entropy where it is faster (chunked_pays), else F.cross_entropy of the
-    upcast logits."""
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy in fp32 of logits (tokens, classes) against class indices (tokens,), skipping `ignore_index`
+    targets, their mean or (reduction="sum") their sum: chunked_cross_entropy where it is faster (chunked_pays),
+    else F.cross_entropy of the upcast logits."""
     if chunked_pays(logits, targets):
-        return chunked_cross_entropy(logits, targets, ignore_index)
-    return F.cross_entropy(logits.float(), targets, ignore_index=ignore_index)
+        return chunked_cross_entropy(logits, targets, ignore_index, reduction)
+    return F.cross_entropy(logits.float(), targets, ignore_index=ignore_index, reduction=reduction)
 
 
 def chunked_pays(logits: torch.Tensor, targets: torch.Tensor) -> bool:
@@ -46,22 +46,24 @@ def chunked_pays(logits: torch.Tensor, targets: torch.Tensor) -> bool:
     return (logits.dtype == torch.bfloat16 and chunks > 1) or (logits.dtype == torch.float32 and chunks > FP32_CHUNKS)
 
 
-def chunked_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-    """F.cross_entropy(logits.float(), targets, ignore_index=ignore_index) over 2-D logits, computed a few rows
-    at a time with the gradient written during the forward (see the module's docstring)."""
-    return _ChunkedCrossEntropy.apply(logits, targets, ignore_index)
+def chunked_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100, reduction: str = "mean") -> torch.Tensor:
+    """F.cross_entropy(logits.float(), targets, ignore_index=ignore_index, reduction=reduction) over 2-D logits
+    (reduction "mean" or "sum"), computed a few rows at a time with the gradient written during the forward (see
+    the module's docstring)."""
+    return _ChunkedCrossEntropy.apply(logits, targets, ignore_index, reduction == "sum")
 
 
 class _ChunkedCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, summed: bool) -> torch.Tensor:
         tokens, classes = logits.shape
         rows = max(1, CHUNK_BYTES // (4 * classes))
         targets = targets.long()  # byte targets too, as F.cross_entropy takes them (compared as integers)
         valid = targets != ignore_index
         count = valid.sum()
-        # Each row's share of the mean: F.cross_entropy's gradient is zero, not NaN, when every target is ignored.
-        share = (valid / count.clamp(min=1)).unsqueeze(1)
+        # Each row's share of the loss (of the mean: F.cross_entropy's gradient is zero, not NaN, when every target
+        # is ignored; of the sum: 1 where scored).
+        share = (valid.float() if summed else valid / count.clamp(min=1)).unsqueeze(1)
         index = torch.where(valid, targets, 0).unsqueeze(1)
         log_probs = torch.empty(tokens, dtype=torch.float32, device=logits.device)
         grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None
@@ -76,11 +78,12 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
                 probs.scatter_add_(1, target, minus_one[: end - start])
                 torch.mul(probs, share[start:end], out=grad[start:end])  # rounded to the logits' dtype once
         ctx.save_for_backward(grad)
+        total = -log_probs.mul_(valid).sum()
         # the mean over the scored targets: NaN when there are none, as F.cross_entropy's
-        return -log_probs.mul_(valid).sum() / count
+        return total if summed else total / count
 
     @staticmethod
-    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         (grad,) = ctx.saved_tensors
-        # A 0-d fp32 factor multiplies in fp32 and rounds once: a loss / 3 of gradient accumulation adds one rounding.
-        return grad * grad_output, None, None
+        # A 0-d fp32 factor multiplies in fp32 and rounds once: a step's 1 / (scored targets) adds one rounding.
+        return grad * grad_output, None, None, None

@@ -6,11 +6,17 @@ That is all it must provide; a plain module written without curryTrain's layers 
 climbs the ladder as it is. It may also offer the optional methods below, each found by its type (a
 runtime-checkable Protocol of one method), never by an attribute name or a config field:
 
-- loss(logits, batch) -> Tensor: its own task loss of one microbatch; `batch` is the (inputs, targets) pair,
-  so masks and ignore indices are the model's. A second parameter named `targets` or `labels` gets the targets
-  alone. Without it: the mean cross-entropy of the logits' last dimension against the targets, ignoring the
-  data adapter's `ignore_index` (-100 when it declares none). A data adapter may have a loss() of the same form,
-  which comes first: the task then says what is scored (data=probe scores its answers alone).
+- loss(logits, batch): its own task loss of one microbatch; `batch` is the (inputs, targets) pair, so masks and
+  ignore indices are the model's. A second parameter named `targets` or `labels` gets the targets alone. It says
+  what it scored in one of three forms (as_loss_sum): a (sum, count) pair (the summed loss of the targets it
+  scored and their number; LossSum), per-target losses with a mask (a (losses, mask) pair, or the losses alone
+  when every one counts), or a scalar mean over the targets that are not the data adapter's `ignore_index` (a
+  class attribute `loss_reduction = "sum"` makes that scalar their sum instead). Without it: the cross-entropy of
+  the logits' last dimension against the targets, ignoring the data adapter's `ignore_index` (-100 when it declares
+  none). A data adapter may have a loss() of the same form, which comes first: the task then says what is scored
+  (data=probe scores its answers alone). However a loss says it, a step's loss is the sum over every scored target
+  of all its microbatches and data-parallel ranks divided by their number (docs/training.md, "How the loss is
+  normalized").
 - param_groups() -> parameters or parameter groups: what its optimizer trains. Plain parameters get the
   optimizer's usual split (matrices decayed, 1-D parameters not); dicts are torch parameter groups, whose
   optional `lr_scale` multiplies the configured lr (so lr sweeps keep the ratios) and whose `lr` or
@@ -19,7 +25,10 @@ runtime-checkable Protocol of one method), never by an attribute name or a confi
   it they are found in the module tree (find_blocks: the same-class siblings holding the most parameters).
 - auxiliary_loss() -> Tensor: extra losses of the last forward (MoE balancing), added before backward;
 - training_metrics() -> dict[str, float]: statistics of the last forward, logged with the train metrics;
-- mup_hidden_matrices() -> HiddenMatrices: the weights muP trains with a width-scaled learning rate.
+- mup_hidden_matrices() -> HiddenMatrices: the weights muP trains with a width-scaled learning rate;
+- decode(tokens, cache) -> Tensor: generation's cached forward (HasKVCache): the logits of the new tokens, which
+  follow the positions the KVCache (model/cache.py) holds and are added to it. Without it, generation runs the
+  whole sequence through forward for every new token.
 
 Sizes (classes, sequence length, vocabulary) come from the data adapter (`num_classes`, `seq_len`,
 `vocab_size`, `ignore_index`) or are read off the model's outputs, never from config field names.
@@ -31,13 +40,17 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
+from currytrain.model.cache import KVCache
 from currytrain.model.loss import cross_entropy
+
+log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
 """The target the default loss ignores when the data adapter declares no `ignore_index` (torch's own default)."""
@@ -46,10 +59,28 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 """(inputs, targets) of one microbatch."""
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-"""(logits, targets) -> the task loss: what the default loss is, and what pipeline parallelism calls."""
+"""(logits, targets) -> the task loss summed over the targets it scores: the step's default loss (token_loss_sum),
+and what pipeline parallelism calls on its last stage."""
 
-TaskLoss = Callable[[torch.Tensor, Batch], torch.Tensor]
-"""(logits, (inputs, targets)) -> the task loss: the model's own loss when it has one, else a LossFn."""
+
+class LossSum(NamedTuple):
+    """One microbatch's task loss as a step reduces it: the summed loss of the targets it scored and their number.
+    A step divides the sum of every microbatch's and rank's `total` by the sum of their `count`."""
+
+    total: torch.Tensor
+    """The loss summed over the scored targets (nats; a DTensor under loss_parallel)."""
+    count: torch.Tensor | int
+    """How many targets were scored."""
+
+    @property
+    def mean(self) -> torch.Tensor:
+        """The loss per scored target: what one microbatch alone reports."""
+        return self.total / self.count
+
+
+TaskLoss = Callable[[torch.Tensor, Batch], LossSum]
+"""(logits, (inputs, targets)) -> the task loss: the data adapter's or the model's own loss() when there is one,
+else a LossFn, as a LossSum."""
 
 
 @runtime_checkable
@@ -91,6 +122,11 @@ class HasMuP(Protocol):
     def mup_hidden_matrices(self) -> HiddenMatrices: ...
 
 
+@runtime_checkable
+class HasKVCache(Protocol):
+    def decode(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor: ...
+
+
 HOOKS = {
     HasLoss: "loss",
     HasParamGroups: "param_groups",
@@ -98,12 +134,13 @@ HOOKS = {
     HasAuxiliaryLoss: "auxiliary_loss",
     HasTrainingMetrics: "training_metrics",
     HasMuP: "mup_hidden_matrices",
+    HasKVCache: "decode",
 }
 """The optional hooks of this protocol that are looked up as bound methods (see hook())."""
 
-ForwardLoss = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-"""(inputs, targets) -> (task loss, training loss): one microbatch's forward and loss; the training loss adds
-the model's auxiliary losses (MoE balancing) to the task loss, and is what the backward runs on."""
+ForwardLoss = Callable[[torch.Tensor, torch.Tensor], tuple[LossSum, torch.Tensor | None]]
+"""(inputs, targets) -> (task loss, auxiliary loss): one microbatch's forward and loss. The auxiliary loss is the
+model's auxiliary_loss() (MoE balancing, a mean over the microbatch's own tokens) or None."""
 
 
 def hook(model: nn.Module, protocol: type) -> Callable | None:
@@ -123,6 +160,20 @@ def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor, ignore_index: in
     return cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index)
 
 
+def token_loss_sum(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """causal_lm_loss summed over the scored targets instead of averaged: the step's default loss (a step divides
+    the sum over all its microbatches and ranks by their number of scored targets)."""
+    return cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index, reduction="sum")
+
+
+def scored_count(targets: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """How many of `targets` a loss scores: the class indices that are not `ignore_index`; targets that are not
+    indices (regression values, soft labels) count one per row."""
+    if targets.is_floating_point():
+        return torch.tensor(targets.shape[0] if targets.dim() else 1, device=targets.device)
+    return (targets != ignore_index).sum()
+
+
 def data_ignore_index(data: Any) -> int:
     """The target the data adapter marks as "not scored" (its `ignore_index`), -100 when it declares none."""
     value = getattr(data, "ignore_index", None)
@@ -130,20 +181,75 @@ def data_ignore_index(data: Any) -> int:
 
 
 def default_loss(ignore_index: int = IGNORE_INDEX) -> LossFn:
-    """causal_lm_loss ignoring `ignore_index` (the function itself for the default, so compiled graphs match)."""
-    return causal_lm_loss if ignore_index == IGNORE_INDEX else functools.partial(causal_lm_loss, ignore_index=ignore_index)
+    """token_loss_sum ignoring `ignore_index` (the function itself for the default, so compiled graphs match)."""
+    return token_loss_sum if ignore_index == IGNORE_INDEX else functools.partial(token_loss_sum, ignore_index=ignore_index)
 
 
-def task_loss(model: nn.Module, loss_fn: LossFn = causal_lm_loss, data: Any = None) -> TaskLoss:
-    """The task loss of `model` on `data`: the data adapter's loss(logits, batch) when it has one (a task that says
-    what is scored: data=probe scores the answers alone), else the model's own, else loss_fn(logits, targets)."""
+def own_loss(model: nn.Module, data: Any = None) -> Callable | None:
+    """The loss() that scores the task, as task_loss finds it: the data adapter's, else the model's, else None."""
     own = hook(data, HasLoss) if data is not None else None
-    own = own or hook(model, HasLoss)
+    return own or hook(model, HasLoss)
+
+
+def task_loss(model: nn.Module, loss_fn: LossFn = token_loss_sum, data: Any = None) -> TaskLoss:
+    """The task loss of `model` on `data` as a LossSum: the data adapter's loss(logits, batch) when it has one (a task
+    that says what is scored: data=probe scores the answers alone), else the model's own, else loss_fn(logits,
+    targets) over the targets that are not the adapter's ignore_index."""
+    ignore_index = data_ignore_index(data)
+    own = own_loss(model, data)
     if own is None:
-        return lambda logits, batch: loss_fn(logits, batch[1])
-    if wants_targets(own):
-        return lambda logits, batch: own(logits, batch[1])
-    return lambda logits, batch: own(logits, batch)
+        return lambda logits, batch: LossSum(loss_fn(logits, batch[1]), scored_count(batch[1], ignore_index))
+    owner = own.__self__
+    reads = (lambda batch: batch[1]) if wants_targets(own) else (lambda batch: batch)
+    summed = getattr(owner, "loss_reduction", "mean") == "sum"
+    warned = [False]
+
+    def reduce(logits: torch.Tensor, batch: Batch) -> LossSum:
+        value = own(logits, reads(batch))
+        # is_compiling() first: a compiled forward then never reads (or guards on) the flag
+        if not torch.compiler.is_compiling() and not warned[0] and isinstance(value, torch.Tensor) and value.dim() == 0:
+            warned[0] = True
+            _warn_scalar_loss(owner, batch[1], ignore_index)
+        return as_loss_sum(value, batch[1], ignore_index, summed=summed)
+
+    return reduce
+
+
+def as_loss_sum(value: Any, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX, summed: bool = False) -> LossSum:
+    """A loss() result as a LossSum, by its form (see the module docstring): a (sum, count) pair, (per-target losses,
+    mask), per-target losses that all count, or a scalar mean (a sum when `summed`) over the scored targets."""
+    if isinstance(value, tuple | list):
+        if len(value) != 2:
+            raise TypeError(f"a loss() returned a tuple of {len(value)}: return (sum, count), (per-target losses, mask) or one tensor")
+        first, second = value
+        if isinstance(first, torch.Tensor) and first.dim() > 0:  # per-target losses and their mask
+            mask = second.to(first.dtype) if isinstance(second, torch.Tensor) else torch.as_tensor(second, dtype=first.dtype)
+            return LossSum((first * mask).sum(), mask.sum())
+        return LossSum(first, second)
+    if value.dim() > 0:
+        return LossSum(value.sum(), value.numel())
+    count = scored_count(targets, ignore_index)
+    return LossSum(value if summed else value * count, count)
+
+
+def _warn_scalar_loss(owner: Any, targets: torch.Tensor, ignore_index: int) -> None:
+    """Said once per process and class where a step cannot count what a loss() that returns one number scored:
+    targets that are not class indices (regression values, soft labels), which count one per row. Class indices
+    count as the ones that are not ignore_index; a loss with a mask of its own is check=preflight's to find (the
+    "loss normalization" probe)."""
+    kind = type(owner)
+    if kind in _WARNED or not targets.is_floating_point():
+        return
+    _WARNED.add(kind)
+    log.warning(
+        "%s.loss() returns one number on targets that are not class indices: a step weighs each microbatch by its rows (%d here). "
+        'If it averages over anything else, return (sum, count) or (per-row losses, mask) instead (docs/model.md, "The model\'s own loss")',
+        kind.__name__,
+        targets.shape[0] if targets.dim() else 1,
+    )
+
+
+_WARNED: set[type] = set()
 
 
 def wants_targets(method: Callable) -> bool:
@@ -158,18 +264,15 @@ def full(value: torch.Tensor) -> torch.Tensor:
     return value.full_tensor() if hasattr(value, "full_tensor") else value
 
 
-def model_loss(model: nn.Module, loss_fn: LossFn = causal_lm_loss, data: Any = None) -> ForwardLoss:
-    """The ForwardLoss of `model`: its task loss (task_loss: the data's or its own, else `loss_fn`), plus
+def model_loss(model: nn.Module, loss_fn: LossFn = token_loss_sum, data: Any = None) -> ForwardLoss:
+    """The ForwardLoss of `model`: its task loss (task_loss: the data's or its own, else `loss_fn`) and its
     auxiliary_loss() when it has one. trainer.compile on one process compiles this whole function."""
     loss_of = task_loss(model, loss_fn, data)
     auxiliary = isinstance(model, HasAuxiliaryLoss)  # asked once: a runtime protocol check costs microseconds a step
 
-    def forward_loss(inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        value = loss_of(model(inputs), (inputs, targets))
-        if not auxiliary:
-            return value, value
-        # full(): under tensor parallelism the task loss is a DTensor and the MoE losses plain tensors.
-        return value, full(value) + model.auxiliary_loss()
+    def forward_loss(inputs: torch.Tensor, targets: torch.Tensor) -> tuple[LossSum, torch.Tensor | None]:
+        task = loss_of(model(inputs), (inputs, targets))
+        return task, model.auxiliary_loss() if auxiliary else None
 
     return forward_loss
 

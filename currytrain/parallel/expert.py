@@ -28,8 +28,9 @@ class ExpertParallelExperts(GroupedExperts):
     """A GroupedExperts whose experts live across the ep ranks: forward_grouped takes this rank's rows grouped by
     (global) expert and returns their outputs in the same order, wherever the experts ran.
 
-    dp_size: the data-parallel ranks the batch is split over. Each rank's loss is the mean over its own slice,
-    so the expert gradients (which collect every rank's tokens) are divided by dp_size, as DDP averages the others.
+    dp_size: the data-parallel ranks the batch is split over. Each rank's loss is its summed loss times dp_size / the
+    step's scored targets (trainer.step: the loss rule), so the expert gradients (which collect every rank's tokens)
+    are divided by dp_size, as DDP averages the others.
     replicas: the mesh of ranks holding the same experts (dp_size / ep of them); their gradients are summed.
     """
 

@@ -28,6 +28,7 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
 from currytrain.parallel.pipeline import SCHEDULES, PipelinePlan
+from currytrain.parallel.state import Normalization, step_scale
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +103,19 @@ class PipelineRunner:
         self.is_last = plan.num_stages - 1 in self.stage_ids
         self.last_rank = dist.get_global_rank(self.group, plan.rank_of_last_stage())
         self.num_micro = num_micro
+        self.loss_fn = loss_fn
+        self.scale: float | torch.Tensor = 1.0  # this step's ranks / scored targets (step); 1 to evaluate: sums
         self.modules = [StageModule(model, plan.layers_of(s), s == 0, s == plan.num_stages - 1) for s in self.stage_ids]
         stages = [PipelineStage(m, s, plan.num_stages, device, group=self.group) for m, s in zip(self.modules, self.stage_ids)]
         kind = get_schedule_class(SCHEDULES[plan.schedule])
-        # Each microbatch's loss is its mean; the schedule divides the summed gradients by the number of microbatches.
-        self.schedule = kind(stages[0] if issubclass(kind, PipelineScheduleSingle) else stages, n_microbatches=num_micro, loss_fn=loss_fn, scale_grads=True)
+        # Each microbatch's loss is its sum times the step's scale (ranks / scored targets): the schedule must not
+        # divide the gradients by the number of microbatches again.
+        self.schedule = kind(
+            stages[0] if issubclass(kind, PipelineScheduleSingle) else stages, n_microbatches=num_micro, loss_fn=self._scaled_loss, scale_grads=False
+        )
+
+    def _scaled_loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.loss_fn(output, targets) * self.scale
 
     def _run(self, run: Callable, inputs, targets, autocast_dtype) -> Any:
         losses: list = []
@@ -123,15 +132,22 @@ class PipelineRunner:
         dist.broadcast(values, src=self.last_rank, group=self.group)
         return values
 
-    def step(self, microbatches: Sequence[tuple[Any, Any]], device, autocast_dtype=None):
-        """Forward and backward of the microbatches (their gradients accumulated in the stages' parameters, divided
-        by their number); returns (mean loss over them on the device, target tokens)."""
+    def step(self, microbatches: Sequence[tuple[Any, Any]], device, normalization: Normalization, autocast_dtype=None) -> torch.Tensor:
+        """Forward and backward of the microbatches, gradients accumulated in the stages' parameters, each
+        microbatch's summed loss scaled by the step's ranks / scored targets (Normalization: the targets
+        of every microbatch of every replica, counted before the schedule runs); returns this rank's share of the
+        step's loss (the sum of the scaled losses) on the device."""
+        step_count = normalization.total(sum(normalization.count(targets) for _, targets in microbatches), device)
+        self.scale = step_scale(step_count, normalization.ranks)
         inputs = torch.cat([inputs for inputs, _ in microbatches]).to(device, non_blocking=True)
         targets = torch.cat([targets for _, targets in microbatches]).to(device, non_blocking=True)
-        losses = self._run(self.schedule.step, inputs, targets, autocast_dtype)
+        try:
+            losses = self._run(self.schedule.step, inputs, targets, autocast_dtype)
+        finally:
+            self.scale = 1.0
         if self.replicas is not None:
             self._average_gradients()
-        return losses.mean(), targets.numel()
+        return losses.sum()
 
     def _average_gradients(self) -> None:
         """Average this rank's stage gradients over the replicas of its stages: one flat buffer, one all-reduce."""
@@ -145,8 +161,9 @@ class PipelineRunner:
             grad.copy_(averaged.view_as(grad))
 
     def eval_losses(self, batches: Sequence[tuple[Any, Any]], device, autocast_dtype=None) -> list[float]:
-        """The loss of each batch, forward only: the batches go through in groups of the schedule's microbatch
-        count, each batch one microbatch (the last group is filled up with copies, whose losses are dropped)."""
+        """The summed loss of each batch, forward only: the batches go through in groups of the schedule's
+        microbatch count, each batch one microbatch (the last group is filled up with copies, whose losses are
+        dropped)."""
         losses: list[float] = []
         for start in range(0, len(batches), self.num_micro):
             group = list(batches[start : start + self.num_micro])

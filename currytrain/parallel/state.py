@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from currytrain.model.protocol import IGNORE_INDEX, scored_count
 from currytrain.parallel.dims import ParallelDims
 
 # Which mesh axis serves each role.
@@ -73,14 +74,23 @@ class ParallelState:
             return loss_parallel()
         return contextlib.nullcontext()
 
-    def mean_over(self, role: str, value: torch.Tensor) -> torch.Tensor:
-        """`value` averaged over the ranks of `role` (every rank gets the mean); unchanged for one process."""
+    def sum_over(self, role: str, value: torch.Tensor) -> torch.Tensor:
+        """`value` summed over the ranks of `role` (every rank gets the sum); unchanged for one process."""
         if self.mesh is None or self.view(role).size() == 1:
             return value
         total = value.detach().clone()
-        # gloo has no ReduceOp.AVG: sum, then divide.
         dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.view(role).get_group())
-        return total / self.view(role).size()
+        return total
+
+    def mean_over(self, role: str, value: torch.Tensor) -> torch.Tensor:
+        """`value` averaged over the ranks of `role` (every rank gets the mean); unchanged for one process."""
+        # gloo has no ReduceOp.AVG: sum, then divide.
+        return value if self.mesh is None else self.sum_over(role, value) / self.view(role).size()
+
+    def normalization(self, ignore_index: int = IGNORE_INDEX, own: bool = True) -> Normalization:
+        """How a step of this process normalizes its loss: its targets counted over the loss ranks."""
+        group = None if self.mesh is None or self.view("loss").size() == 1 else self.view("loss").get_group()
+        return Normalization(ignore_index, group, own)
 
     def max_over_world(self, value: int) -> int:
         """The largest of every rank's `value` (every rank gets it); `value` for one process."""
@@ -97,6 +107,52 @@ class ParallelState:
         values: list[Any] = [None] * self.world_size
         dist.all_gather_object(values, value)
         return values
+
+
+@dataclass(frozen=True)
+class Normalization:
+    """How a step normalizes its loss (docs/training.md, "How the loss is normalized"): the loss of an optimizer step
+    is the sum of every scored target's loss over all its microbatches and all the ranks that average gradients,
+    divided by the number of scored targets in the step, counted once, before the first backward.
+
+    Each microbatch's summed loss is multiplied by ranks / count before its backward: the ranks' gradient
+    averaging (DDP, FSDP, the pipeline replicas, the experts' own hook) then makes the sum over every rank's
+    targets divided by the count. The count is of the targets that are not `ignore_index`; a model's or data
+    adapter's own loss() says what it scored (model.protocol.as_loss_sum), and where that differs from the count
+    the gradients are corrected after the microbatches (a second, small all-reduce)."""
+
+    ignore_index: int = IGNORE_INDEX
+    """The targets no loss scores (the data adapter's ignore_index)."""
+    group: dist.ProcessGroup | None = None
+    """The ranks whose gradients are averaged (ParallelState's loss view: dp, with cp); None for one process."""
+    own: bool = True
+    """The loss may count its own targets (a model's or data adapter's loss()); False for the default loss, whose
+    count is the step's (no check needed, no second all-reduce)."""
+
+    @property
+    def ranks(self) -> int:
+        return 1 if self.group is None else dist.get_world_size(self.group)
+
+    def count(self, targets: torch.Tensor, host: bool | None = None) -> int | torch.Tensor:
+        """The scored targets of one microbatch: a host int when reading them waits for nothing (`host`; by default
+        targets on the CPU, as a data loader's are), else a tensor on their device."""
+        count = scored_count(targets, self.ignore_index)
+        return int(count) if (targets.device.type == "cpu" if host is None else host) else count
+
+    def total(self, local: int | torch.Tensor, device: torch.device, host: bool | None = None) -> int | torch.Tensor:
+        """`local` summed over the ranks of `group`: a host int where reading the sum back waits for nothing (`host`;
+        by default on the CPU), else a tensor on `device`."""
+        if self.group is None:
+            return local
+        value = torch.as_tensor(local, device=device, dtype=torch.int64).reshape(1).clone()
+        dist.all_reduce(value, group=self.group)
+        return int(value.item()) if (device.type == "cpu" if host is None else host) else value[0]
+
+
+def step_scale(count: int | torch.Tensor, ranks: int) -> float | torch.Tensor:
+    """What each rank's summed loss is multiplied by: ranks / the step's scored targets (a step scoring nothing
+    then contributes nothing, instead of 0/0)."""
+    return ranks / max(count, 1) if isinstance(count, int) else ranks / count.clamp(min=1).float()
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:

@@ -145,6 +145,17 @@ def judge(groups: list[Group], baseline: Group, direction: str, alpha: float, de
     return found, list(notes.values()), [texts[g.name] for g in groups if g.name in texts]
 
 
+def metric_direction(runs: list[Run], metric: str) -> str:
+    """maximize when the runs' evaluations journal `metric` as higher-is-better (lm-eval's accuracy, say), else
+    minimize (losses, perplexities, bits per byte)."""
+    for run in runs:
+        for event in reversed(run.events):
+            better = event.get("higher_is_better")
+            if isinstance(better, dict) and metric in better:
+                return "maximize" if better[metric] else "minimize"
+    return "minimize"
+
+
 def default_out(runs: list[Run]) -> Path:
     """compare/ in the runs' common parent: beside them, never in the current directory."""
     return Path(os.path.commonpath([str(run.path.resolve().parent) for run in runs])) / OUT
@@ -154,7 +165,7 @@ def compare(
     locations: list[str],
     out: Path | None = None,
     metric: str = "val_loss",
-    direction: str = "minimize",
+    direction: str | None = None,
     baseline: str | None = None,
     alpha: float = 0.05,
     delta: float | None = None,
@@ -163,7 +174,7 @@ def compare(
     """Group, judge and write report.md (+ curves.png) into `out` (default: beside the runs). Every input
     problem raises ConfigError before anything is written."""
     problems = []
-    if direction not in DIRECTIONS:
+    if direction is not None and direction not in DIRECTIONS:
         problems.append(f"--direction {direction}: choose one of {list(DIRECTIONS)}")
     if not 0 < alpha < 0.5:
         problems.append(f"--alpha {alpha}: choose a level in (0, 0.5): 0.05 by default, 0.01 for a claim worth a headline")
@@ -174,6 +185,7 @@ def compare(
     if problems:
         raise ConfigError("\n".join(problems))
     runs = load(locations)
+    direction = direction or metric_direction(runs, metric)
     groups, differs = group_runs(runs, metric)
     check_metric(groups, metric)
     chosen = pick_baseline(groups, baseline)

@@ -31,7 +31,7 @@ class TrainerConfig:
     batch_size: int = bounded(8, ge=1)
     """Sequences per microbatch, all data-parallel ranks together (each rank gets batch_size / dp ranks)."""
     grad_accum: int = bounded(1, ge=1)
-    """Microbatches per optimizer step; the loss of each is scaled by 1/grad_accum."""
+    """Microbatches per optimizer step; the step's loss is over the scored targets of all of them (docs/training.md)."""
     grad_clip: float = bounded(1.0, ge=0)
     """Max global gradient L2 norm; 0 disables clipping."""
     eval_every: int = bounded(400, ge=1)

@@ -13,8 +13,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from currytrain.model.protocol import ForwardLoss, causal_lm_loss, full, model_loss
+from currytrain.model.protocol import ForwardLoss, LossFn, full, model_loss, own_loss, token_loss_sum
 from currytrain.parallel.memory import grad_bytes
+from currytrain.parallel.state import Normalization, step_scale
 
 if TYPE_CHECKING:
     from currytrain.parallel.stages import PipelineRunner
@@ -25,7 +26,8 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 @dataclass
 class StepResult:
     loss: float
-    """Mean loss over the microbatches (nats/token)."""
+    """The step's loss (nats per scored target): this rank's summed task loss times ranks / scored targets, which
+    averaged over the loss ranks (as the trainer reports it) is the whole step's (see Normalization)."""
     grad_norm: float
     """Global L2 norm of the gradients before clipping."""
     skipped: bool
@@ -99,10 +101,10 @@ def grad_norm(parameters: list[torch.Tensor], across: dist.ProcessGroup | None =
     return total
 
 
-def read_without_waiting(tensor: torch.Tensor) -> bool:
-    """Whether reading `tensor` on the host waits for nothing: a CPU tensor is computed by the time it is read,
-    an accelerator's may still be queued behind the step's kernels."""
-    return tensor.device.type == "cpu"
+def read_without_waiting(tensor: torch.Tensor | torch.device) -> bool:
+    """Whether reading `tensor` (or a tensor on this device) on the host waits for nothing: a CPU tensor is computed
+    by the time it is read, an accelerator's may still be queued behind the step's kernels."""
+    return getattr(tensor, "device", tensor).type == "cpu"
 
 
 def clip_divisor(norm: torch.Tensor | float, max_norm: float) -> torch.Tensor | float:
@@ -152,13 +154,82 @@ def run_accumulated_step(model: nn.Module, optimizer: torch.optim.Optimizer, mic
     return accumulated_step(model, optimizer, microbatches, **options).fetch()
 
 
+def backward_microbatches(
+    microbatches: Sequence[Batch],
+    forward: ForwardLoss,
+    normalization: Normalization,
+    device: torch.device,
+    *,
+    autocast_dtype: torch.dtype | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+    backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
+    loss_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    parameters: Sequence[torch.Tensor] = (),
+) -> torch.Tensor:
+    """Forward and backward of every microbatch with the step's normalization, gradients accumulated in the
+    parameters; returns this rank's share of the step's task loss (see StepResult.loss), on the device.
+
+    A model's auxiliary loss (MoE balancing: a mean over its microbatch's tokens) is divided by the number of
+    microbatches, so the step trains on its average over them (and over the ranks, by the gradient averaging).
+    `parameters`: those whose gradients a loss that counts its own targets may have to correct."""
+    num_micro = len(microbatches)
+    # Counted where reading them waits for nothing (a data loader's targets on the host), summed over the ranks on
+    # the device; an accelerator's sum stays there (the scale is then a tensor: no wait).
+    host = read_without_waiting(microbatches[0][1])
+    counts = [normalization.count(targets, host) for _, targets in microbatches]
+    step_count = normalization.total(sum(counts), device, read_without_waiting(device))
+    scale = step_scale(step_count, normalization.ranks)
+    totals, own_counts = [], []
+    for inputs, targets in microbatches:
+        inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
+        with loss_context():
+            with autocast:
+                task, auxiliary = forward(inputs, targets)
+            # full(): under tensor parallelism the task loss is a DTensor (loss_parallel).
+            total = full(task.total)
+            loss = total * scale
+            if auxiliary is not None:
+                loss = loss + (auxiliary / num_micro if num_micro > 1 else auxiliary)
+            # fp16: the loss is scaled up so that small gradients do not underflow; unscaled before clipping.
+            backward(scaler.scale(loss) if scaler is not None else loss)
+        # The reported loss is the task loss alone, so runs with and without auxiliary losses compare.
+        totals.append(total.detach().float())
+        own_counts.append(task.count)
+    summed = totals[0] if num_micro == 1 else torch.stack(totals).sum()
+    if normalization.own:
+        correction = own_count_correction(own_counts, step_count, normalization, device)
+        if correction is not None:
+            correct_gradients(parameters, correction)
+            return summed * (scale * correction)
+    return summed * scale
+
+
+def own_count_correction(counts: list, step_count: int | torch.Tensor, normalization: Normalization, device: torch.device) -> float | torch.Tensor | None:
+    """step_count / the targets the losses say they scored (summed over the ranks): what the gradients are
+    multiplied by when a loss() counted other targets than the step did; None where they agree (on the CPU, read
+    on the host), so nothing is touched."""
+    local = sum(int(count) if not isinstance(count, torch.Tensor) or read_without_waiting(count) else count for count in counts)
+    scored = normalization.total(local, device, read_without_waiting(device))
+    if isinstance(scored, int) and isinstance(step_count, int):
+        return None if scored == step_count else max(step_count, 1) / max(scored, 1)
+    return torch.as_tensor(step_count, device=device).clamp(min=1).float() / torch.as_tensor(scored, device=device).clamp(min=1).float()
+
+
+def correct_gradients(parameters: Sequence[torch.Tensor], factor: float | torch.Tensor) -> None:
+    for param in parameters:
+        if param.grad is not None:
+            param.grad.mul_(factor)
+
+
 def accumulated_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     microbatches: Sequence[Batch],
     *,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = causal_lm_loss,
+    loss_fn: LossFn = token_loss_sum,
     forward_loss: ForwardLoss | None = None,
+    normalization: Normalization | None = None,
     grad_clip: float = 0.0,
     autocast_dtype: torch.dtype | None = None,
     measure_grads: bool = False,
@@ -168,17 +239,15 @@ def accumulated_step(
     pipeline: PipelineRunner | None = None,
     parameters: Sequence[torch.Tensor] | None = None,
 ) -> DeviceStep:
-    """Forward+backward each microbatch with its loss scaled by 1/N, then clip and take one optimizer step,
-    unless the gradients are not finite.
+    """Forward+backward each microbatch (backward_microbatches: the loss normalized over the step's scored
+    targets), then clip and take one optimizer step, unless the gradients are not finite.
 
-    A model with auxiliary_loss() (MoE balancing) has it added to each microbatch's loss. `forward_loss` runs a
-    microbatch's forward and loss (Components.forward_loss: compiled as one graph under trainer.compile on one
-    process); by default model_loss(model, loss_fn). `backward` runs each
-    microbatch's backward (Fabric's under parallel.runtime=fabric). `loss_context` makes the context each microbatch's
-    forward, loss and backward run in (ParallelState.loss_context: loss_parallel under tensor parallelism).
-
-    Scaling each microbatch loss by 1/N makes the accumulated gradient equal to the gradient of
-    the mean loss over the concatenated batch (for equal-sized microbatches).
+    `forward_loss` runs a microbatch's forward and loss (Components.forward_loss: compiled as one graph under
+    trainer.compile on one process); by default model_loss(model, loss_fn). `normalization` says how the targets
+    are counted and over which ranks (Components.normalization); by default one process, ignore index -100, the
+    loss of `model` (its own loss() counting its targets when it has one). `backward` runs each microbatch's
+    backward (Fabric's under parallel.runtime=fabric). `loss_context` makes the context each microbatch's forward,
+    loss and backward run in (ParallelState.loss_context: loss_parallel under tensor parallelism).
 
     `pipeline` (pipeline parallelism): its schedule runs the microbatches through this rank's stages instead of the
     loop here (loss on the last stage, broadcast to every stage); the gradient norm is over every stage's parameters.
@@ -190,29 +259,27 @@ def accumulated_step(
     `parameters`: list(model.parameters()), which a caller stepping the same model many times keeps (listing them
     is ~1% of a tiny model's step on the CPU).
     """
-    num_micro = len(microbatches)
-    assert num_micro >= 1, "need at least one microbatch"
+    assert len(microbatches) >= 1, "need at least one microbatch"
     parameters = list(model.parameters()) if parameters is None else parameters
     device = parameters[0].device
-    num_tokens = 0
+    if normalization is None:
+        normalization = Normalization(own=forward_loss is not None or own_loss(model) is not None)
+    num_tokens = sum(targets.numel() for _, targets in microbatches)
     if pipeline is not None:
-        total_loss, num_tokens = pipeline.step(microbatches, device, autocast_dtype)
+        total_loss = pipeline.step(microbatches, device, normalization, autocast_dtype)
     else:
         forward = forward_loss or model_loss(model, loss_fn)
-        task_losses = []
-        for inputs, targets in microbatches:
-            inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-            autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
-            with loss_context():
-                with autocast:
-                    task_loss, loss = forward(inputs, targets)
-                loss = loss / num_micro if num_micro > 1 else loss
-                # fp16: the loss is scaled up so that small gradients do not underflow; unscaled before clipping.
-                backward(scaler.scale(loss) if scaler is not None else loss)
-            # The reported loss is the task loss alone, so runs with and without auxiliary losses compare.
-            task_losses.append(full(task_loss.detach()).float())
-            num_tokens += targets.numel()
-        total_loss = task_losses[0] if num_micro == 1 else torch.stack(task_losses).mean()
+        total_loss = backward_microbatches(
+            microbatches,
+            forward,
+            normalization,
+            device,
+            autocast_dtype=autocast_dtype,
+            scaler=scaler,
+            backward=backward,
+            loss_context=loss_context,
+            parameters=parameters,
+        )
 
     if scaler is not None:
         scaler.unscale_(optimizer)

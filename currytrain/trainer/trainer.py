@@ -20,6 +20,7 @@ from currytrain.checkpoint import Checkpointer, TrainState, metadata_problem
 from currytrain.components import Components, build_components
 from currytrain.data import HasEvalMetrics
 from currytrain.errors import Aborted, ConfigError, Interrupted, Pruned, RunFailed
+from currytrain.eval.loop import InLoopEvaluation
 from currytrain.journal import Journal, read_journal
 from currytrain.logger.base import MultiLogger, ending_status
 from currytrain.model.protocol import HasTrainingMetrics, full
@@ -88,7 +89,8 @@ class Trainer:
         self.module = parts.module  # the model with its own parameter names, for checkpoints and weight loading
         self.params = list(self.model.parameters())  # listed once: every step clips and checks them
         self.autocast_dtype, self.forward_loss, self.loss_fn = parts.autocast_dtype, parts.forward_loss, parts.loss_fn
-        self.score = parts.score  # the task loss eval reports: the model's own loss() when it has one
+        self.score = parts.score_sum  # the task loss eval adds up: the data's or the model's own loss() when there is one
+        self.normalization = parts.normalization  # how a step counts its scored targets, over which ranks
         self.attention = parts.attention  # trainer.attention_precision's choice, journaled when the run starts
         self.pipeline = parts.pipeline  # pipeline parallelism: its schedule steps (and evaluates) this rank's stages
         # fp16 needs loss scaling (validation allows it on CUDA only); bf16 has fp32's range and needs none.
@@ -100,6 +102,8 @@ class Trainer:
         self.loggers = build_loggers(cfg.logger, self.run_dir, enabled=self.state.is_main)
         self.loggers.log_config(self.run_config)
         self.hooks = list(hooks)
+        # eval: held-out text sets and lm-eval tasks on the live model (currytrain/eval/loop.py); None with eval=none
+        self.downstream = InLoopEvaluation.of(cfg, self.model, self.state, self.autocast_dtype, self.data.seq_len, self.run_dir, self.journal, self.loggers)
         # Where each rank is, for `currytrain diagnose` to name a straggler (the journal is rank 0's).
         self.heartbeat = Heartbeat(self.run_dir, self.state.rank, enabled=self.state.world_size > 1)
         self.memory_logged = False
@@ -144,6 +148,8 @@ class Trainer:
     def _train(self) -> float:
         if not self.maybe_resume():
             self.maybe_init_from()
+        if self.downstream is not None:
+            self.downstream.prepare()
         num_params = sum(p.numel() for p in self.model.parameters())
         self.journal.event("start", step=self.step, num_params=num_params, device=str(self.state.device), data=self.data.describe())
         if self.attention is not None:
@@ -163,6 +169,8 @@ class Trainer:
                 if (signum := self.agreed_stop()) is not None:
                     self.stop_on_signal(signum)
         val_loss = self.evaluate()
+        if self.downstream is not None:
+            self.downstream.evaluate(self.step, final=True)
         seconds = time.perf_counter() - started
         if not math.isfinite(val_loss):
             raise RunFailed(
@@ -190,6 +198,7 @@ class Trainer:
             self.optimizer,
             microbatches,
             forward_loss=self.forward_loss,
+            normalization=self.normalization,
             grad_clip=cfg.grad_clip,
             autocast_dtype=self.autocast_dtype,
             measure_grads=not self.memory_logged,
@@ -227,6 +236,8 @@ class Trainer:
                 return metrics
         if step % cfg.eval_every == 0 and step != cfg.max_steps:
             metrics["val/loss"] = self.evaluate()
+        if self.downstream is not None and self.downstream.due(step) and step != cfg.max_steps:
+            metrics.update(self.downstream.evaluate(step))
         # 8. checkpoint
         if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == cfg.max_steps:
             self.save_checkpoint()
@@ -364,23 +375,27 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean loss over the same trainer.eval_batches val batches every time, so evals are comparable."""
+        """The loss per scored target over the same trainer.eval_batches val batches every time (so evals are
+        comparable): every batch's and rank's summed loss over their scored targets, however the set is batched."""
         self.model.eval()
-        losses, extra = [], []
-        if self.pipeline is not None:  # forward only through the stages; every rank gets the last stage's losses
-            batches = [self.batch("val", 0, index) for index in range(self.cfg.eval_batches)]
-            losses = self.pipeline.eval_losses(batches, self.state.device, self.autocast_dtype)
-        for index in range(self.cfg.eval_batches if self.pipeline is None else 0):
-            inputs, targets = self.batch("val", 0, index)
+        totals, counts, extra = [], [], []
+        batches = [self.batch("val", 0, index) for index in range(self.cfg.eval_batches)]
+        if self.pipeline is not None:  # forward only through the stages; every rank gets the last stage's sums
+            totals = self.pipeline.eval_losses(batches, self.state.device, self.autocast_dtype)
+            counts = [self.normalization.count(targets) for _, targets in batches]
+        for inputs, targets in batches if self.pipeline is None else ():
             inputs, targets = inputs.to(self.state.device), targets.to(self.state.device)
             autocast = torch.autocast(self.state.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
             with self.state.loss_context(), autocast:
                 logits = self.model(inputs)
-                losses.append(full(self.score(logits, (inputs, targets))).item())
+                loss = self.score(logits, (inputs, targets))
+                totals.append(full(loss.total).item())
+                counts.append(float(loss.count))
             if isinstance(self.data, HasEvalMetrics):  # a classifier's accuracy, say
                 extra.append(self.data.eval_metrics(logits, targets))
         self.model.train()
-        val_loss = self.state.mean_over("loss", torch.tensor(sum(losses) / len(losses), device=self.state.device)).item()
+        total, count = self.state.sum_over("loss", torch.tensor([sum(totals), float(sum(counts))], dtype=torch.float64, device=self.state.device)).tolist()
+        val_loss = total / count if count else math.nan
         means = {
             key: self.state.mean_over("loss", torch.tensor(sum(m[key] for m in extra) / len(extra), device=self.state.device)).item()
             for key in (extra[0] if extra else {})

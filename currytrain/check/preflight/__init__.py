@@ -1,12 +1,13 @@
 """Stage preflight: cheap assertions about the training step, each a probe over the built Components.
 The probes live by family beside this module: wiring.py (optimizer, gradients, one step), modes.py
-(train/eval, causality) and leakage.py (labels, batches, splits).
+(train/eval, causality), leakage.py (labels, batches, splits) and normalization.py (the loss rule: one batch's
+gradient as microbatches and ranks).
 
 optimizer coverage, learning rates per group, frozen parameters, gradient flow, zero_grad between steps, train/eval mode, label
-dependence and leakage, causality, train/val overlap and deterministic batches, one step lowers the loss; and, beside them,
-objective.py (does the loss score the next token and every token, do ranks and microbatches get different data),
-state.py (state across forwards and eval passes, tied weights, weight decay, init scale with depth) and routing.py (the
-balancing signal of top-k routing).
+dependence and leakage, causality, train/val overlap and deterministic batches, one step lowers the loss, the loss's
+normalization over microbatches and ranks; and, beside them, objective.py (does the loss score the next token and
+every token, do ranks and microbatches get different data), state.py (state across forwards and eval passes, tied
+weights, weight decay, init scale with depth) and routing.py (the balancing signal of top-k routing).
 Data that reports its own leakage checks (tables: data=digits|table, see currytrain.data.pipeline) gets
 them as findings here; the probes of token streams (label leakage on random tokens, causality, overlap of
 windows) run only when the inputs are token ids.
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 
 from currytrain.check.preflight.leakage import batch_determinism, label_dependence, label_leakage, loss_sign, split_leakage, train_val_overlap
 from currytrain.check.preflight.modes import causality, train_eval_mode
+from currytrain.check.preflight.normalization import loss_normalization
 from currytrain.check.preflight.objective import distinct_data, loss_alignment, scored_tokens
 from currytrain.check.preflight.routing import routing_balance
 from currytrain.check.preflight.state import decayed_parameters, forward_state, residual_growth, tied_weights
@@ -100,6 +102,7 @@ class Preflight(Stage):
             "distinct data per rank and microbatch": lambda: distinct_data(parts, self.batch_size),
             "no train/val overlap": lambda: train_val_overlap(parts, self.overlap_windows, self.max_overlap, self.warn_overlap),
             "one step lowers the loss": lambda: one_step_decreases_loss(parts, step, batch),
+            "loss normalization": lambda: loss_normalization(parts, self.batch_size),
             "routing balance": lambda: routing_balance(parts, batch, self.balance_response),
             "init scale with depth": lambda: residual_growth(parts, batch, self.init_growth),
         }

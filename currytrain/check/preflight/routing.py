@@ -93,11 +93,12 @@ def collapsed(routers: Routers, boost: float = 10.0) -> Iterator[None]:
 
 @torch.no_grad()
 def balancing_term(parts: Components, batch: Batch) -> float:
-    """The training loss minus the task loss of one train-mode forward on a seeded RNG: the auxiliary losses."""
+    """The auxiliary losses the trainer adds to the task loss (the model's auxiliary_loss()), of one train-mode forward
+    on a seeded RNG; 0 for a model without them."""
     dtype = parts.autocast_dtype
     with seeded(parts, 0), torch.autocast(parts.state.device.type, dtype=dtype, enabled=dtype is not None):
-        task, training = parts.forward_loss(*batch)
-    return float(training) - float(task)
+        _, auxiliary = parts.forward_loss(*batch)
+    return float(auxiliary) if auxiliary is not None else 0.0
 
 
 def routing_balance(parts: Components, batch: Batch, response: float = 0.5) -> Finding:
