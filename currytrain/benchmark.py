@@ -11,14 +11,14 @@ import torch
 from omegaconf import DictConfig
 
 from currytrain.components import Components, build_components
-from currytrain.model.protocol import causal_lm_loss, find_blocks
+from currytrain.model.protocol import find_blocks, token_loss_sum
 from currytrain.parallel.state import ParallelState, resolve_device
 from currytrain.trainer.step import StepResult, run_accumulated_step
 
 __all__ = [
     "run_accumulated_step",
     "StepResult",
-    "causal_lm_loss",
+    "token_loss_sum",
     "build_step_setup",
     "Components",
     "alternating_step_times",

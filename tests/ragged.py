@@ -62,6 +62,16 @@ class MaskedTokenLoss(RaggedTokens):
         return losses, mask
 
 
+class ZeroMaskedSum(RaggedTokens):
+    """The same data with a loss of its own that ignores target id 0 (which zero_prompts makes the prompts), said as
+    (sum, count): the step counts the targets that are not ignore_index, the loss fewer, and the step puts the
+    gradients right after."""
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        flat = targets.reshape(-1)
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), flat, ignore_index=0, reduction="sum"), (flat != 0).sum()
+
+
 class MeanLoss(RaggedTokens):
     """The same data with a loss of its own that returns one number: the mean over the targets it scores, which are
     the ones the step counts (not ignore_index), so the step weighs it right."""

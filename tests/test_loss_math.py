@@ -135,14 +135,19 @@ def test_one_number_on_targets_that_are_not_class_indices_is_said_once(caplog):
 
 def test_the_loss_forms_of_the_protocol():
     targets = torch.tensor([[1, -100, 3], [-100, -100, 2]])
-    assert as_loss_sum(torch.tensor(2.0), targets) == (torch.tensor(6.0), torch.tensor(3))
+    assert as_loss_sum(torch.tensor(2.0), targets) == (torch.tensor(6.0), torch.tensor(3), True)
     assert as_loss_sum(torch.tensor(2.0), targets, summed=True).total == 2.0
     assert as_loss_sum((torch.tensor(5.0), 2), targets) == LossSum(torch.tensor(5.0), 2)
     losses, mask = torch.tensor([1.0, 2.0, 4.0]), torch.tensor([True, False, True])
-    assert as_loss_sum((losses, mask), targets) == (torch.tensor(5.0), torch.tensor(2.0))
-    assert as_loss_sum(losses, targets) == (torch.tensor(7.0), 3)
-    with pytest.raises(TypeError, match="return \\(sum, count\\)"):
-        as_loss_sum((losses, mask, mask), targets)
+    assert as_loss_sum((losses, mask), targets) == (torch.tensor(5.0), torch.tensor(2), False)
+    assert as_loss_sum(losses, targets) == (torch.tensor(7.0), 3, False)
+    # a microbatch that scores nothing adds nothing (its mean is 0/0), not NaN
+    assert as_loss_sum(torch.tensor(float("nan")), torch.full((2, 3), -100)) == (torch.tensor(0.0), torch.tensor(0), True)
+    # bytes are class indices too: 156 is not -100
+    assert int(as_loss_sum(torch.tensor(1.0), torch.tensor([0, 156, 255], dtype=torch.uint8)).count) == 3
+    for malformed in [(losses, mask, mask), (losses, 3), (losses, torch.ones(2, 3, dtype=torch.bool)), (torch.tensor(5.0), mask)]:
+        with pytest.raises(TypeError, match="return \\(sum, count\\)"):
+            as_loss_sum(malformed, targets)
 
 
 def test_bf16_autocast_with_a_loss_scaler_keeps_the_rule(one_thread):
@@ -286,6 +291,11 @@ LAYOUTS = {
     "cp": ("single", ["parallel=cp"]),
     "pp": ("single", ["parallel=pp", "trainer.batch_size=4", "trainer.grad_accum=2", "trainer.eval_batches=2"]),
     "ep": ("single moe", [*MOE, "parallel=ep"]),
+    # the data's own loss ignores target 0, which it does not declare: the gradients are put right after the step
+    "ddp, a loss counting its own targets": (
+        "single, a loss counting its own targets",
+        ["parallel=ddp", "trainer.batch_size=4", "trainer.grad_accum=2", "trainer.eval_batches=2"],
+    ),
 }
 
 
@@ -303,6 +313,7 @@ def layouts(tmp_path_factory):
             "single": [],
             "single 4 microbatches": ["trainer.batch_size=2", "trainer.grad_accum=4", "trainer.eval_batches=4"],
             "single moe": MOE,
+            "single, a loss counting its own targets": [],
         }.items():
             results[name] = step_and_eval(compose_tiny(*ONE_STEP, *overrides), root / name, ParallelState())
         paths = [write_resolved(compose_tiny(*ONE_STEP, *overrides), root / name) for name, (_, overrides) in LAYOUTS.items()]

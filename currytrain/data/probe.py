@@ -109,12 +109,11 @@ class ProbeTasks:
         targets = seqs[:, 1:].masked_fill(~answers[:, 1:], IGNORE)
         return seqs[:, :-1], targets
 
-    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The task's own loss (currytrain.model.protocol: a data adapter's loss comes first): the cross-entropy
-        of the answers alone, whatever loss or ignore index the model brings, as (sum, answers scored)."""
-        targets = targets.reshape(-1)
-        total = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets, ignore_index=IGNORE, reduction="sum")
-        return total, (targets != IGNORE).sum()
+        of the answers alone, whatever loss or ignore index the model brings. Its mean is over the targets that are
+        not IGNORE, the ignore index a step counts by (-100): one number says it exactly."""
+        return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
 
     def describe(self) -> dict:
         return {"task": self.task, "seq_len": self.seq_len, "num_symbols": self.num_symbols, "vocab_size": self.vocab_size, "chance": self.chance}

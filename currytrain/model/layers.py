@@ -470,8 +470,9 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     """Pre-norm residual block (Llama): x + attention(attention_norm(x)), then x + mlp(mlp_norm(x)).
 
-    attention: the block's attention, called as attention(h, cos, sin, cache=cache) (the cache by keyword: tensor
-    parallelism's input plan lays out three positional inputs); mlp: its feed-forward module (a SwiGLU,
+    attention: the block's attention, called as attention(h, cos, sin), and with cache=cache when decoding (by keyword:
+    tensor parallelism's input plan lays out three positional inputs; an attention written without a cache still
+    trains); mlp: its feed-forward module (a SwiGLU,
     an MoE), registered as `mlp_name` so that checkpoints keep each family's names; norm(): a new RMSNorm of the
     residual width. SandwichBlock and PostNormBlock place the norms elsewhere (model.norm_position).
     """
@@ -494,8 +495,12 @@ class Block(nn.Module):
         self.mlp_name = mlp_name
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin, cache=cache)
+        x = x + self.attend(self.attention_norm(x), cos, sin, cache)
         return x + self._modules[self.mlp_name](self.mlp_norm(x))
+
+    def attend(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None) -> torch.Tensor:
+        """The attention sublayer; the cache is passed only when there is one."""
+        return self.attention(h, cos, sin) if cache is None else self.attention(h, cos, sin, cache=cache)
 
     def residual_projections(self) -> tuple[nn.Linear, ...]:
         """The linears that write into the residual stream (scaled down with depth at init)."""
@@ -508,7 +513,7 @@ class SandwichBlock(Block):
     pre_norm, post_norm = True, True
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        x = x + self.post_attention_norm(self.attention(self.attention_norm(x), cos, sin, cache=cache))
+        x = x + self.post_attention_norm(self.attend(self.attention_norm(x), cos, sin, cache))
         return x + self.post_mlp_norm(self._modules[self.mlp_name](self.mlp_norm(x)))
 
 
@@ -518,7 +523,7 @@ class PostNormBlock(Block):
     pre_norm, post_norm = False, True
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        x = x + self.post_attention_norm(self.attention(x, cos, sin, cache=cache))
+        x = x + self.post_attention_norm(self.attend(x, cos, sin, cache))
         return x + self.post_mlp_norm(self._modules[self.mlp_name](x))
 
 

@@ -71,6 +71,9 @@ class LossSum(NamedTuple):
     """The loss summed over the scored targets (nats; a DTensor under loss_parallel)."""
     count: torch.Tensor | int
     """How many targets were scored."""
+    counted_as_step: bool = False
+    """The count is, by construction, the one a step makes itself (the targets that are not ignore_index): the step
+    need not compare them. False for a loss() that counted its own targets."""
 
     @property
     def mean(self) -> torch.Tensor:
@@ -166,11 +169,13 @@ def token_loss_sum(logits: torch.Tensor, targets: torch.Tensor, ignore_index: in
     return cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index, reduction="sum")
 
 
-def scored_count(targets: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
-    """How many of `targets` a loss scores: the class indices that are not `ignore_index`; targets that are not
-    indices (regression values, soft labels) count one per row."""
+def scored_count(targets: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor | int:
+    """How many of `targets` a loss scores: the class indices that are not `ignore_index` (a tensor); targets that
+    are not indices (regression values, soft labels) count one per row (an int: no tensor made on the device)."""
     if targets.is_floating_point():
-        return torch.tensor(targets.shape[0] if targets.dim() else 1, device=targets.device)
+        return targets.shape[0] if targets.dim() else 1
+    if targets.dtype == torch.uint8:  # bytes: compared as integers, as the cross-entropy reads them (not -100 as 156)
+        targets = targets.long()
     return (targets != ignore_index).sum()
 
 
@@ -198,19 +203,19 @@ def task_loss(model: nn.Module, loss_fn: LossFn = token_loss_sum, data: Any = No
     ignore_index = data_ignore_index(data)
     own = own_loss(model, data)
     if own is None:
-        return lambda logits, batch: LossSum(loss_fn(logits, batch[1]), scored_count(batch[1], ignore_index))
+        return lambda logits, batch: LossSum(loss_fn(logits, batch[1]), scored_count(batch[1], ignore_index), True)
     owner = own.__self__
     reads = (lambda batch: batch[1]) if wants_targets(own) else (lambda batch: batch)
-    summed = getattr(owner, "loss_reduction", "mean") == "sum"
-    warned = [False]
+    reduction = getattr(owner, "loss_reduction", "mean")
+    if reduction not in ("mean", "sum"):
+        raise TypeError(f"{type(owner).__name__}.loss_reduction={reduction!r}: declare 'mean' or 'sum' (or return (sum, count) from loss())")
 
     def reduce(logits: torch.Tensor, batch: Batch) -> LossSum:
         value = own(logits, reads(batch))
-        # is_compiling() first: a compiled forward then never reads (or guards on) the flag
-        if not torch.compiler.is_compiling() and not warned[0] and isinstance(value, torch.Tensor) and value.dim() == 0:
-            warned[0] = True
-            _warn_scalar_loss(owner, batch[1], ignore_index)
-        return as_loss_sum(value, batch[1], ignore_index, summed=summed)
+        # is_compiling() first: a compiled forward never reads (or guards on) what was said
+        if not torch.compiler.is_compiling() and isinstance(value, torch.Tensor) and value.dim() == 0:
+            _warn_scalar_loss(owner, batch[1])
+        return as_loss_sum(value, batch[1], ignore_index, summed=reduction == "sum")
 
     return reduce
 
@@ -218,21 +223,33 @@ def task_loss(model: nn.Module, loss_fn: LossFn = token_loss_sum, data: Any = No
 def as_loss_sum(value: Any, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX, summed: bool = False) -> LossSum:
     """A loss() result as a LossSum, by its form (see the module docstring): a (sum, count) pair, (per-target losses,
     mask), per-target losses that all count, or a scalar mean (a sum when `summed`) over the scored targets."""
+    forms = "return (sum, count), (per-target losses, mask of their shape) or one tensor"
     if isinstance(value, tuple | list):
         if len(value) != 2:
-            raise TypeError(f"a loss() returned a tuple of {len(value)}: return (sum, count), (per-target losses, mask) or one tensor")
+            raise TypeError(f"a loss() returned a tuple of {len(value)}: {forms}")
         first, second = value
         if isinstance(first, torch.Tensor) and first.dim() > 0:  # per-target losses and their mask
-            mask = second.to(first.dtype) if isinstance(second, torch.Tensor) else torch.as_tensor(second, dtype=first.dtype)
-            return LossSum((first * mask).sum(), mask.sum())
+            if not isinstance(second, torch.Tensor) or second.shape != first.shape:
+                raise TypeError(f"a loss() returned per-target losses of shape {tuple(first.shape)} with {_shape(second)} as their mask: {forms}")
+            return LossSum((first * second.to(first.dtype)).sum(), second.sum())
+        if isinstance(second, torch.Tensor) and second.dim() > 0:
+            raise TypeError(f"a loss() returned a sum with a count of shape {tuple(second.shape)}: {forms}")
         return LossSum(first, second)
     if value.dim() > 0:
         return LossSum(value.sum(), value.numel())
     count = scored_count(targets, ignore_index)
-    return LossSum(value if summed else value * count, count)
+    if summed:
+        return LossSum(value, count, True)
+    # a microbatch that scores nothing has a NaN mean (0/0): it adds nothing, not NaN
+    mean = torch.where(count > 0, value, 0.0) if isinstance(count, torch.Tensor) else value
+    return LossSum(mean * count, count, True)
 
 
-def _warn_scalar_loss(owner: Any, targets: torch.Tensor, ignore_index: int) -> None:
+def _shape(value: Any) -> str:
+    return f"shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+def _warn_scalar_loss(owner: Any, targets: torch.Tensor) -> None:
     """Said once per process and class where a step cannot count what a loss() that returns one number scored:
     targets that are not class indices (regression values, soft labels), which count one per row. Class indices
     count as the ones that are not ignore_index; a loss with a mask of its own is check=preflight's to find (the

@@ -144,7 +144,8 @@ class Normalization:
         by default on the CPU), else a tensor on `device`."""
         if self.group is None:
             return local
-        value = torch.as_tensor(local, device=device, dtype=torch.int64).reshape(1).clone()
+        # torch.full fills on the device; as_tensor of a host int would copy it there and wait for the device
+        value = torch.full((1,), local, dtype=torch.int64, device=device) if isinstance(local, int) else local.reshape(1).to(torch.int64).clone()
         dist.all_reduce(value, group=self.group)
         return int(value.item()) if (device.type == "cpu" if host is None else host) else value[0]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,6 +17,8 @@ from torch.distributed.tensor import DTensor
 from currytrain.model.protocol import ForwardLoss, LossFn, full, model_loss, own_loss, token_loss_sum
 from currytrain.parallel.memory import grad_bytes
 from currytrain.parallel.state import Normalization, step_scale
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from currytrain.parallel.stages import PipelineRunner
@@ -180,7 +183,8 @@ def backward_microbatches(
     step_count = normalization.total(sum(counts), device, read_without_waiting(device))
     scale = step_scale(step_count, normalization.ranks)
     totals, own_counts = [], []
-    for inputs, targets in microbatches:
+    auxiliary_seen = counted_by_loss = False
+    for (inputs, targets), count in zip(microbatches, counts):
         inputs, targets = inputs.to(device, non_blocking=True), targets.to(device, non_blocking=True)
         autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
         with loss_context():
@@ -195,14 +199,33 @@ def backward_microbatches(
             backward(scaler.scale(loss) if scaler is not None else loss)
         # The reported loss is the task loss alone, so runs with and without auxiliary losses compare.
         totals.append(total.detach().float())
-        own_counts.append(task.count)
+        own_counts.append(count if task.counted_as_step else task.count)
+        auxiliary_seen = auxiliary_seen or auxiliary is not None
+        counted_by_loss = counted_by_loss or not task.counted_as_step
     summed = totals[0] if num_micro == 1 else torch.stack(totals).sum()
-    if normalization.own:
+    # A loss that counted its own targets (its form is its code's, the same on every rank): the gradients are put
+    # right after the microbatches where its count differs from the step's.
+    if normalization.own and counted_by_loss:
         correction = own_count_correction(own_counts, step_count, normalization, device)
         if correction is not None:
             correct_gradients(parameters, correction)
+            if auxiliary_seen:
+                _warn_auxiliary_corrected()
             return summed * (scale * correction)
     return summed * scale
+
+
+def _warn_auxiliary_corrected() -> None:
+    if not _SAID:
+        _SAID.append(True)
+        log.warning(
+            "a loss() counted other targets than the step (a mask of its own): the gradients were scaled after the backward, the "
+            "auxiliary loss's with them. Mark the targets it does not score with the data adapter's ignore_index, so that the step "
+            'counts them before the backward (docs/training.md, "How the loss is normalized")'
+        )
+
+
+_SAID: list[bool] = []
 
 
 def own_count_correction(counts: list, step_count: int | torch.Tensor, normalization: Normalization, device: torch.device) -> float | torch.Tensor | None:
@@ -243,7 +266,8 @@ def accumulated_step(
     targets), then clip and take one optimizer step, unless the gradients are not finite.
 
     `forward_loss` runs a microbatch's forward and loss (Components.forward_loss: compiled as one graph under
-    trainer.compile on one process); by default model_loss(model, loss_fn). `normalization` says how the targets
+    trainer.compile on one process); by default model_loss(model, loss_fn), where `loss_fn` sums over the targets it
+    scores (token_loss_sum: a mean, such as causal_lm_loss, would be divided twice). `normalization` says how the targets
     are counted and over which ranks (Components.normalization); by default one process, ignore index -100, the
     loss of `model` (its own loss() counting its targets when it has one). `backward` runs each microbatch's
     backward (Fabric's under parallel.runtime=fabric). `loss_context` makes the context each microbatch's forward,

@@ -19,46 +19,71 @@ NAME = "loss normalization"
 
 
 def loss_normalization(parts: Components, batch_size: int, fail: float = 1e-2, warn: float = 1e-3) -> Finding:
-    """The step's gradient of `batch_size` sequences at once against the same sequences as the ranks' shares, each
-    cut into microbatches of 1 and the rest; eval mode (no dropout) and fp32, so that only the loss's reduction can
-    differ. Rows whose outputs depend on the rest of their batch make the comparison meaningless: said, not failed."""
+    """The step's gradient of `batch_size` sequences per rank at once against the same sequences as the ranks'
+    shares, each cut into microbatches of 1 and the rest, in eval mode (no dropout): only the loss's reduction and
+    rounding can differ. Rounding is measured (the same batch with its rows in another order) and the thresholds
+    kept above it, so bf16 parameters raise no alarm. Rows whose outputs depend on the rest of their batch make the
+    comparison meaningless: said, not failed."""
     state = parts.state
     dims = state.dims
-    expected = f"the same gradient for a batch at once and as microbatches of unequal sizes{' over the ranks' if state.dp_size > 1 else ''} (relative difference < {warn:g})"
+    ranks, rank = state.dp_size, state.dp_rank
+    expected = (
+        f"the same gradient for a batch at once and as microbatches of unequal sizes{' over the ranks' if ranks > 1 else ''} (relative difference < {warn:g})"
+    )
     if parts.pipeline is not None or (dims is not None and (dims.cp > 1 or dims.tp > 1)):
         return Finding(NAME, Status.SKIPPED, "pipeline, context or tensor parallelism: the step's layout is the trainer's own", expected)
-    ranks, rank = state.dp_size, state.dp_rank
+    if batch_size < 2:
+        return Finding(NAME, Status.SKIPPED, f"check.stages.preflight.batch_size={batch_size}: one sequence per rank, nothing to split", expected)
     whole = parts.data.batch("train", 0, 0, batch_size * ranks)  # the same sequences on every rank
+    if not _same_on_every_rank(whole, state):
+        return Finding(NAME, Status.SKIPPED, "the data adapter gives the ranks different batches for the same arguments", expected)
     share = _rows(whole, rank * batch_size, batch_size)
-    split = [_rows(share, 0, 1), _rows(share, 1, batch_size - 1)] if batch_size > 1 else [share]
+    split = [_rows(share, 0, 1), _rows(share, 1, batch_size - 1)]
+    reordered = (whole[0].flip(0), whole[1].flip(0))
     with eval_mode(parts.model):
-        coupling = _row_coupling(parts, share, split)
-        if coupling > warn:
+        coupling, rounding = _row_coupling(parts, share, split)
+        if coupling > max(warn, 10 * rounding):
             observed = f"the outputs of a sequence change by {coupling:.2g} (relative) with the rest of its batch"
             return Finding(NAME, Status.SKIPPED, observed + ": the split gradient cannot be compared (batch norm, capacity routing)", expected)
         at_once = _gradient(parts, [whole])
+        floor = _relative(_gradient(parts, [reordered]), at_once, state)
         apart = _gradient(parts, split)
     difference = _relative(apart, at_once, state)
     observed = f"relative difference {difference:.2g} between {batch_size * ranks} sequences at once and as {len(split)} microbatches" + (
         f" on each of {ranks} ranks" if ranks > 1 else ""
     )
-    if difference <= warn:
+    observed += f" (rounding: {floor:.2g})"
+    if difference <= max(warn, 3 * floor):
         return Finding(NAME, Status.PASSED, observed, expected)
     cause, fix = _cause(parts, whole)
-    return Finding(NAME, Status.FAILED if difference > fail else Status.WARNING, observed, expected, cause, fix)
+    return Finding(NAME, Status.FAILED if difference > max(fail, 10 * floor) else Status.WARNING, observed, expected, cause, fix)
 
 
 def _rows(batch: Batch, start: int, count: int) -> Batch:
     return batch[0][start : start + count], batch[1][start : start + count]
 
 
-def _row_coupling(parts: Components, share: Batch, split: list[Batch]) -> float:
-    """How far the logits of this rank's sequences move when they are computed in microbatches instead of together."""
+def _same_on_every_rank(batch: Batch, state) -> bool:
+    """Whether every rank drew the same batch (a checksum's largest and smallest over the ranks agree)."""
+    if state.mesh is None:
+        return True
+    checksum = float(batch[0].double().sum() + 3 * batch[1].double().sum())
+    bounds = torch.tensor([checksum, -checksum], dtype=torch.float64, device=state.device)
+    dist.all_reduce(bounds, op=dist.ReduceOp.MAX)
+    return bool(bounds[0] == -bounds[1])
+
+
+def _row_coupling(parts: Components, share: Batch, split: list[Batch]) -> tuple[float, float]:
+    """How far the logits of this rank's sequences move when they are computed in microbatches instead of together,
+    and how far they move with the rows in reverse order (the rounding of another batch shape, not a coupling)."""
     device = parts.state.device
+    inputs = share[0].to(device)
     with torch.no_grad():
-        together = parts.model(share[0].to(device)).float()
-        apart = torch.cat([parts.model(inputs.to(device)).float() for inputs, _ in split])
-    return float((together - apart).norm() / together.norm().clamp(min=1e-12))
+        together = parts.model(inputs).float()
+        apart = torch.cat([parts.model(part.to(device)).float() for part, _ in split])
+        reversed_rows = parts.model(inputs.flip(0)).float().flip(0)
+    scale = together.norm().clamp(min=1e-12)
+    return float((together - apart).norm() / scale), float((together - reversed_rows).norm() / scale)
 
 
 def _gradient(parts: Components, microbatches: list[Batch]) -> list[torch.Tensor]:
