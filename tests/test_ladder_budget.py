@@ -35,7 +35,8 @@ def test_the_plan_cuts_the_training_stages_by_one_factor_to_fit_the_budget_and_k
     assert generous.factor == 1 and generous.steps["seeds"] == "200 steps" and generous.steps["scaling"] == "200 steps"
     floor = plan_ladder(build(cfg.check).stages, ctx, costs, budget=1)
     assert floor.factor == 0 and floor.steps["probe"] == "150 -> 50 steps" and floor.steps["lr_range"] == "100 -> 50 steps"
-    assert "budget 1 s: the training stages keep 0% of their steps" in floor.summary() and "about" in floor.summary()
+    assert f"budget 1 s: the training stages at their floors cost {floor.total:.0f} s, over it" in floor.summary(), floor.summary()
+    assert "raise check.budget_seconds" in floor.summary() and "keep 0%" not in floor.summary(), "floors over the budget are no share kept"
     budget = (generous.total + floor.total) / 2
     tight = plan_ladder(build(cfg.check).stages, ctx, costs, budget=budget)
     assert 0 < tight.factor < 1 and budget * 0.97 < tight.total <= budget, tight.event()

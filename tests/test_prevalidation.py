@@ -399,7 +399,7 @@ def test_probe_induction_stays_near_chance_without_attention(context, monkeypatc
 @pytest.mark.slow
 def test_check_ladder_climbs_every_stage_in_order(compose_cfg):
     cfg = compose_cfg("check=ladder")
-    assert list(cfg.check.stages) == ["skeleton", "preflight", "sanity", "lr_range", "mup", "seeds", "ablation", "probe", "capacity", "scaling"]
+    assert list(cfg.check.stages) == ["skeleton", "preflight", "sanity", "resume", "lr_range", "mup", "seeds", "ablation", "probe", "capacity", "scaling"]
     assert cfg.check.stages.mup.standard_fails is False and compose_cfg("check=mup").check.stages.mup.standard_fails is True
     assert cfg.check.stages.probe.gate is False and compose_cfg("check=probe").check.stages.probe.gate is True
     alone = {name: compose_cfg(f"check={name}").check.stages[name] for name in ("ablation", "capacity", "scaling")}

@@ -121,7 +121,10 @@ class Plan:
         head = f"check: one training step of the configured model takes {self.costs.step:.3g} s{self.clock} here ({self.costs.sequences} x {self.costs.seq_len} tokens)"
         if self.budget > 0:
             head += f"; budget {self.budget:.0f} s"
-            if self.factor < 1:
+            if self.total > self.budget:
+                shared = "" if self.clock else ", or check.plan_clock=cpu on a shared machine"
+                head += f": the training stages at their floors cost {self.total:.0f} s, over it (raise check.budget_seconds{shared})"
+            elif self.factor < 1:
                 head += f": the training stages keep {self.factor:.0%} of their steps"
         return f"{head}\ncheck: plan: {stages}; about {self.total:.0f} s in all ({self.total / 60:.1f} min)"
 
