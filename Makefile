@@ -31,10 +31,11 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	CURRYTRAIN_TEST_TIER=fast $(PY) -m pytest -m "not slow" $(ARGS)
 
-# docs/reliability.md, written by the tests it lists (tests/reliability/table.py), with the logger benchmark's figures
+# docs/reliability.md, written by the tests it lists (tests/reliability/table.py), with the logger benchmark's figures;
+# tests/security/ holds its Untrusted artifacts rows
 reliability: $(STAMP)
 	$(PY) bench/logger_load.py --json docs/reliability.load.json
-	CURRYTRAIN_LOAD_TESTS=1 $(PY) -m pytest -p tests.reliability.table tests/reliability tests/test_bad_config.py $(ARGS)
+	CURRYTRAIN_LOAD_TESTS=1 $(PY) -m pytest -p tests.reliability.table tests/reliability tests/security tests/test_bad_config.py $(ARGS)
 
 # The config fuzz's long profile (5,000 cases), for a nightly job: its row in docs/reliability.md
 fuzz-long: $(STAMP)

@@ -16,12 +16,13 @@ import hydra
 from omegaconf import DictConfig
 
 from currytrain.app import run_app, run_task
+from currytrain.build import hydra_main_whitelist
 from currytrain.config import register_configs
 
 register_configs()
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="conf", config_name="config", **hydra_main_whitelist())  # Hydra 1.4: its own guard too
 def main(cfg: DictConfig) -> float | None:
     return run_task(cfg)
 

@@ -5,11 +5,18 @@ last by rank 0 once every rank has finished, with each file's size and SHA-256 (
 without COMPLETE is an interrupted save and is never resumed from; one whose files no longer match the
 manifest is corrupted, and a resume falls back to the newest checkpoint that matches (Trainer.maybe_resume). DCP needs no process group: a single process saves and loads the same way,
 and a different world size can load a checkpoint (DCP reshards on load).
+
+A checkpoint is read as an untrusted file: DCP's own reader unpickles `.metadata` and its default planner reads
+non-tensor items with torch.load(weights_only=False), so every load here goes through SafeReader (the metadata
+against an exact allow-list, currytrain.safepickle) and SafeLoadPlanner (weights_only=True), and
+metadata_problem checks the content before a load is tried.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import io
 import json
 import os
 import pickle
@@ -17,18 +24,21 @@ import shutil
 import sys
 import time
 import warnings
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_model_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
 from currytrain.diskio import write_failure_cause
 from currytrain.errors import ConfigError, RunFailed
+from currytrain.safepickle import UnsafePickle, allow, safe_loads
 from currytrain.weights import (
     MARKER,
     STEP_DIR,
@@ -37,7 +47,7 @@ from currytrain.weights import (
     complete_checkpoints,
     file_digests,
     is_complete,
-    marker_field,
+    marker_count,
     saved_tokens,
 )
 
@@ -217,12 +227,15 @@ class Checkpointer:
         ConfigError naming the mismatch and the fix."""
         if not is_complete(path):
             raise ConfigError(f"trainer.resume: {path} is not a complete checkpoint (no {MARKER} marker)")
-        saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
-        train_state.with_rng = f"train.rng.rank_{train_state.rank}" in saved
         try:
-            with _quiet_single_process():
-                dcp.load({"train": train_state}, checkpoint_id=str(path), no_dist=not _distributed())
+            saved = read_metadata(path).state_dict_metadata
+            train_state.with_rng = f"train.rng.rank_{train_state.rank}" in saved
+            dcp_load({"train": train_state}, path)
+        except UnsafePickle as error:
+            raise ConfigError(f"trainer.resume: {path} {error}: restore the checkpoint from a copy you trust, or resume an earlier one") from None
         except (CheckpointException, RuntimeError, KeyError, ValueError) as error:
+            if isinstance(cause := _unsafe_cause(error), UnsafePickle):
+                raise ConfigError(f"trainer.resume: {path} {cause}: restore the checkpoint from a copy you trust, or resume an earlier one") from None
             raise ConfigError(
                 f"trainer.resume: {path} holds a training state this run cannot load ({_first_line(error)}): resume with the "
                 "settings it was saved with (the journal's header and config_diff show them), or pass trainer.resume_mode=weights "
@@ -231,18 +244,26 @@ class Checkpointer:
         finally:
             train_state.with_rng = True
         train_state.tokens = saved_tokens(path)  # None: a checkpoint from before the count (the trainer estimates it)
-        train_state.schedule_start = int(marker_field(path, "schedule_start") or 0)
+        train_state.schedule_start = marker_count(path, "schedule_start") or 0
 
     @staticmethod
     def load_weights(path: Path, train_state: TrainState) -> None:
         """Load only the model weights of an intact checkpoint (trainer.resume_mode=weights), resharded to this
         run's layout; the optimizer, schedule and RNG stay as built."""
         model_state = get_model_state_dict(train_state.model)
-        with _quiet_single_process():
-            dcp.load({"train": {"model": model_state}}, checkpoint_id=str(path), no_dist=not _distributed())
+        dcp_load({"train": {"model": model_state}}, path)
         set_model_state_dict(train_state.model, model_state)
         train_state.step = checkpoint_step(path) or 0
         train_state.tokens = saved_tokens(path)  # None: a checkpoint from before the count (the trainer estimates it)
+
+
+def _unsafe_cause(error: BaseException) -> BaseException | None:
+    """The UnsafePickle inside a CheckpointException (DCP gathers each rank's failure into one), if any."""
+    failures = getattr(error, "failures", None) or {}
+    for failure in failures.values():
+        if isinstance(failure, UnsafePickle) or isinstance(getattr(failure, "__cause__", None), UnsafePickle):
+            return failure if isinstance(failure, UnsafePickle) else failure.__cause__
+    return error.__cause__ if isinstance(error.__cause__, UnsafePickle) else None
 
 
 def _first_line(error: BaseException) -> str:
@@ -256,8 +277,7 @@ def load_model_state(path: Path, model_state: dict[str, Any]) -> None:
     optimizer, schedule and RNG: for exports and for starting other runs from these weights."""
     if problem := checkpoint_problem(path) or metadata_problem(path):
         raise ConfigError(f"{path} {problem}: pass an earlier checkpoint (`currytrain verify RUN` lists the intact ones)")
-    with _quiet_single_process():
-        dcp.load({"train": {"model": model_state}}, checkpoint_id=str(path), no_dist=not _distributed())
+    dcp_load({"train": {"model": model_state}}, path)
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -267,38 +287,131 @@ def write_atomically(path: Path, text: str) -> None:
     os.replace(partial, path)
 
 
-METADATA_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
-METADATA_GLOBALS = {
-    ("torch", "Size"),
-    ("torch.serialization", "_get_layout"),
-    ("pathlib", "PosixPath"),
-    ("pathlib", "WindowsPath"),
-    ("collections", "OrderedDict"),
-}
+def _layout(name: str) -> torch.layout:
+    """torch.serialization._get_layout's answer for a layout's name, and only for a layout's name."""
+    layouts = {str(value): value for value in vars(torch).values() if isinstance(value, torch.layout)}
+    if name not in layouts:
+        raise UnsafePickle(f"{name!r} is not a torch layout")
+    return layouts[name]
 
 
-class _MetadataUnpickler(pickle.Unpickler):
-    """Unpickles DCP's .metadata (which torch reads with plain pickle) allowing only the classes such
-    metadata holds: DCP's own records, torch sizes, dtypes and layouts, paths. Anything else (os.system,
-    eval, ...) is refused before it runs."""
+def _metadata_allowed() -> dict[tuple[str, str], Any]:
+    """The exact globals DCP's .metadata holds: its own records, torch sizes, dtypes and layouts (by name), paths."""
+    from torch.distributed.checkpoint import filesystem, metadata
 
-    def find_class(self, module: str, name: str) -> Any:
-        allowed = module in METADATA_MODULES or (module, name) in METADATA_GLOBALS
-        if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)):
-            allowed = True
-        if not allowed:
-            raise pickle.UnpicklingError(f"{module}.{name} is not allowed in checkpoint metadata")
-        return super().find_class(module, name)
+    records = (
+        metadata.Metadata,
+        metadata.MetadataIndex,
+        metadata.StorageMeta,
+        metadata.TensorStorageMetadata,
+        metadata.BytesStorageMetadata,
+        metadata.ChunkStorageMetadata,
+        metadata.TensorProperties,
+        metadata._MEM_FORMAT_ENCODING,
+        filesystem._StorageInfo,
+    )
+    table = allow(*records, collections.OrderedDict, stand_ins={("torch.serialization", "_get_layout"): _layout})
+    table[("torch", "Size")] = torch.Size  # its __module__ is torch's C extension, the pickle names it torch.Size
+    table.update({("torch", name): value for name, value in vars(torch).items() if isinstance(value, torch.dtype)})
+    for module in ("pathlib", "pathlib._local"):  # where Python <3.13 and >=3.13 keep the path classes
+        table[(module, "PosixPath")] = PurePosixPath
+        table[(module, "WindowsPath")] = PureWindowsPath
+        table[(module, "PurePosixPath")] = PurePosixPath
+        table[(module, "PureWindowsPath")] = PureWindowsPath
+    return table
+
+
+METADATA_MAX_BYTES = 1 << 30
+"""A .metadata larger than this (1 GiB) is refused unread: DCP's own for a 1T-parameter model is far smaller."""
+
+
+def read_metadata(path: Path) -> Any:
+    """A checkpoint's DCP Metadata, read without pickle's open door: the opcodes are checked against the exact
+    globals such metadata holds (_metadata_allowed) before anything is unpickled, and only those are built.
+    Raises UnsafePickle naming what is refused (os.system, a dotted name, an extension code, ...)."""
+    file = Path(path) / ".metadata"
+    if file.stat().st_size > METADATA_MAX_BYTES:
+        raise UnsafePickle(f".metadata has {file.stat().st_size:,} bytes, more than checkpoint metadata ever holds")
+    return safe_loads(file.read_bytes(), _metadata_allowed(), what=".metadata")
+
+
+class SafeReader(dcp.FileSystemReader):
+    """DCP's file reader with its one plain pickle.load (the .metadata) replaced by read_metadata."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        rank = kwargs.get("rank")
+        metadata = read_metadata(Path(self.path)) if rank is None else _rank_metadata(Path(self.path), rank)
+        if getattr(metadata, "storage_meta", None) is None:
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def _rank_metadata(path: Path, rank: int) -> Any:
+    return safe_loads((path / f"__{int(rank)}.metadata").read_bytes(), _metadata_allowed(), what=f"__{int(rank)}.metadata")
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner, reading the non-tensor items of a checkpoint (the step, the data offset, the
+    schedule's and optimizer groups' plain values) with torch.load(weights_only=True) instead of a full unpickle."""
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        try:
+            loaded = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as error:
+            raise UnsafePickle(f"the checkpoint item {read_item.dest_index.fqn} is not plain data ({_first_line(error)})") from None
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
+
+
+def dcp_load(state: dict[str, Any], path: Path) -> None:
+    """dcp.load through SafeReader and SafeLoadPlanner: nothing in the folder is unpickled beyond plain data."""
+    with _quiet_single_process():
+        dcp.load(state, storage_reader=SafeReader(str(path)), planner=SafeLoadPlanner(), no_dist=not _distributed())
 
 
 def metadata_problem(path: Path) -> str | None:
-    """Why the checkpoint's .metadata must not be unpickled by torch (it names a callable that metadata
-    never holds: a file crafted to run code), or None. Checked before every load."""
+    """Why the checkpoint at `path` must not be loaded, judged from its content (the checksums are
+    weights.checkpoint_problem's): a .metadata that names something checkpoint metadata never holds (a file crafted
+    to run code) or cannot be read, a shard shorter than the items the metadata places in it, a non-tensor item
+    that is not plain data. None when all of it reads. Nothing it reads is ever run."""
+    path = Path(path)
     try:
-        with (Path(path) / ".metadata").open("rb") as handle:
-            _MetadataUnpickler(handle).load()
-    except pickle.UnpicklingError as error:
+        metadata = read_metadata(path)
+    except UnsafePickle as error:
         return f".metadata is unsafe to load ({error})"
     except Exception as error:  # truncated or garbled: the checksums usually say so first
         return f".metadata cannot be read ({type(error).__name__}: {error})"
+    try:
+        return _items_problem(path, metadata)
+    except (AttributeError, TypeError, ValueError, KeyError) as error:  # metadata of allowed classes, nonsensical fields
+        return f".metadata does not describe its shards ({type(error).__name__}: {error})"
+
+
+def _items_problem(path: Path, metadata: Any) -> str | None:
+    """Every item the metadata places must lie inside its file (a shard cut short is found even when the marker
+    lists no checksums), and every non-tensor item must read as plain data (torch.load, weights_only)."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    sizes: dict[str, int] = {}
+    for index, info in (metadata.storage_data or {}).items():
+        name = str(info.relative_path)
+        file = path / name
+        if Path(name).name != name or not file.is_file():
+            return f"is missing {name}, which its .metadata lists"
+        size = sizes.setdefault(name, file.stat().st_size)
+        if int(info.offset) < 0 or int(info.length) < 0 or int(info.offset) + int(info.length) > size:
+            return f"{name} has {size} bytes, fewer than its .metadata places in it (truncated)"
+        if isinstance(metadata.state_dict_metadata.get(index.fqn), BytesStorageMetadata) and not info.transform_descriptors:
+            with file.open("rb") as handle:
+                handle.seek(int(info.offset))
+                item = handle.read(int(info.length))
+            try:
+                torch.load(io.BytesIO(item), weights_only=True)
+            except Exception as error:
+                return f"its item {index.fqn} is not plain data ({_first_line(error)})"
     return None

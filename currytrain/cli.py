@@ -153,6 +153,9 @@ def _diagnose(args: argparse.Namespace) -> None:
     findings = diagnose(args.run)
     nan = next((f for f in findings if f.cause == "nan"), None)
     if args.anomaly and nan is not None:
+        from currytrain.config import register_configs
+
+        register_configs()  # the schemas that type the run's config, and the registered components it may build
         located = find_first_nan_module(args.run, max_steps=nan.step or 1)
         if located:
             nan.summary += f"; re-run with forward hooks: module `{located[1]}` gave the first non-finite output, at step {located[0]}"

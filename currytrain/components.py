@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-from currytrain.build import allow_modules, build
+from currytrain.build import allow_targets, build
 from currytrain.errors import ConfigError
 from currytrain.model import build_model
 from currytrain.model.protocol import ForwardLoss, LossFn, LossSum, TaskLoss, data_ignore_index, default_loss, model_loss, own_loss, task_loss, token_loss_sum
@@ -91,7 +91,7 @@ def build_components(cfg: DictConfig, state: ParallelState, data: Any = None, mo
     model: a module built by the caller (a test's plain nn.Module) in place of cfg.model's; everything else
     (parallelism, optimizer, losses) is built around it exactly as around cfg.model's.
     """
-    allow_modules(cfg.build.allow)
+    allow_targets(cfg.build.allow)
     torch.manual_seed(cfg.seed)
     data = build(cfg.data) if data is None else data
     parallel = build(cfg.parallel)

@@ -8,6 +8,7 @@ dict shaped like the one below, and register_configs() stores it beside the buil
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import pkgutil
@@ -19,6 +20,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
 from currytrain.abort.config import AbortConfig, NoAbortConfig
+from currytrain.build import hydra_problems, register_targets, targets
 from currytrain.check.config import (
     AblationCheckConfig,
     CapacityCheckConfig,
@@ -85,10 +87,11 @@ SCHEMAS: dict[str, dict[str, type]] = {
 
 @dataclass
 class BuildConfig:
-    """What build() may instantiate besides curryTrain, experiments/ and torch.optim."""
+    """What build() may instantiate besides the registered components (currytrain.build)."""
 
     allow: list[str] = field(default_factory=list)
-    """Extra modules (and their submodules) whose classes and functions configs may name as _target_."""
+    """Exact dotted names of more classes and functions configs may name as _target_ (build.allow=[my_package.MyLogger]).
+    Only the command line may set it: a config file that does is refused, as is a module name."""
 
 
 @dataclass
@@ -117,6 +120,14 @@ def store_schemas(schemas: dict[str, dict[str, type]]) -> None:
             cs.store(group=f"schema/{group}", name=name, node=schema)
 
 
+def schema_targets(schema: type) -> list[str]:
+    """Every `_target_` a schema names by default, nested nodes included (a ladder's stages); none for a `???`."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.structured(schema)
+    return [target for _, target in targets(node) if isinstance(target, str) and target not in ("", "???")]
+
+
 def experiment_config_modules() -> list[str]:
     """The experiments/<name>/config.py modules of the project on sys.path (the folder of its launch.py)."""
     spec = importlib.util.find_spec("experiments")
@@ -127,11 +138,43 @@ def experiment_config_modules() -> list[str]:
 
 
 def register_configs() -> None:
-    """Store the root schema, every built-in option's schema and those of the project's experiments."""
+    """Store the root schema, every built-in option's schema and those of the project's experiments; register the
+    targets the project's schemas name and its TARGETS (experiments/__init__.py, experiments/<name>/config.py), so
+    configs may name them (currytrain.build); check every composition."""
     ConfigStore.instance().store(name="root_schema", node=RootConfig)
     store_schemas(SCHEMAS)
-    for module in experiment_config_modules():
-        store_schemas(importlib.import_module(module).SCHEMAS)
+    if importlib.util.find_spec("experiments") is not None:
+        register_targets(getattr(importlib.import_module("experiments"), "TARGETS", ()))
+    for module in experiment_config_modules():  # curryTrain's own targets are build.COMPONENTS already
+        config = importlib.import_module(module)
+        store_schemas(config.SCHEMAS)
+        register_targets(target for options in config.SCHEMAS.values() for schema in options.values() for target in schema_targets(schema))
+        register_targets(getattr(config, "TARGETS", ()))
+    check_compositions()
+
+
+def check_compositions() -> None:
+    """Check every config Hydra composes in this process (an app's, a sweep's jobs', the compose API's) before it is
+    returned, so before Hydra builds anything from its hydra.* subtree: Hydra 1.3 configures logging from the
+    composed config and instantiates its callbacks right after composing, with no hook in between, so the check
+    wraps the composition itself (currytrain.build.hydra_problems says what it checks). Idempotent."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    if getattr(ConfigLoaderImpl.load_configuration, "checked_by_currytrain", False):
+        return
+    compose = ConfigLoaderImpl.load_configuration
+
+    @functools.wraps(compose)
+    def load_configuration(self: Any, config_name: str | None, overrides: list[str], *args: Any, **kwargs: Any) -> DictConfig:
+        from currytrain.errors import ConfigError, format_problems
+
+        cfg = compose(self, config_name, overrides, *args, **kwargs)
+        if problems := hydra_problems(cfg, overrides):
+            raise ConfigError(format_problems(problems))
+        return cfg
+
+    load_configuration.checked_by_currytrain = True  # type: ignore[attr-defined]
+    ConfigLoaderImpl.load_configuration = load_configuration
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
@@ -152,12 +195,20 @@ def compose_config(overrides: list[str]) -> DictConfig:
 
 
 def unparsable_overrides(args: list[str]) -> list[str]:
-    """Overrides Hydra's grammar cannot read, each named (Hydra's own message names only the input it stopped at)."""
+    """Overrides Hydra's grammar cannot read, each named (Hydra's own message names only the input it stopped at),
+    and arguments that are not UTF-8 (a path quoted from a file system of another encoding): every file a run
+    writes names its folder in UTF-8."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     parser, problems = OverridesParser.create(), []
     for arg in args:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+            problems.append(f"{shown}: the argument is not UTF-8 text (\ufffd marks the bytes that are not): pass the value in UTF-8, e.g. rename the folder")
+            continue
         if arg.startswith("-") or "=" not in arg and not arg.startswith("~"):
             continue
         try:

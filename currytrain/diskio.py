@@ -19,11 +19,14 @@ STORAGE_ERRNOS = {
 
 def append_line(path: Path, line: str) -> None:
     """Append one line in a single write; if the write fails, cut the file back to its old size, so a
-    reader never finds half a line left by a full disk."""
+    reader never finds half a line left by a full disk. A file whose last line was cut short (a power cut
+    mid-write) gets a line break first, so the new line is not glued onto the torn one."""
     data = (line + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + data
         try:
             if os.write(fd, data) != len(data):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))

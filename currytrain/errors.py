@@ -68,6 +68,11 @@ class Interrupted(Outcome):
         return (type(self), (str(self), self.signum))
 
 
+class InterruptedStarting(Interrupted):
+    """A stop signal that arrived while a run was starting (before its training loop answers signals): nothing was
+    trained or saved; the run journals it as `interrupted` with no checkpoint."""
+
+
 class PastHydra(BaseException):
     """An outcome carried past Hydra, which prints any Exception a job raises and exits 1 (or, raised in a
     callback, turns it into a warning): it derives from BaseException, as SystemExit does. launch.py prints
@@ -80,6 +85,24 @@ class PastHydra(BaseException):
 
 class ConfigRejected(PastHydra):
     """A ConfigError found by the validation callback, before Hydra creates any folder; launch.py exits 2."""
+
+
+class Crashed(PastHydra):
+    """curryTrain's own machinery raised before any job ran (a bug, not a problem of the config): the command exits 1
+    with the traceback, where Hydra's exit 1 before a job would read as a config error (2), or a warning."""
+
+    def __init__(self, error: BaseException, what: str = "the command"):
+        import traceback
+
+        trace = "".join(traceback.format_exception(error))
+        super().__init__(RunFailed(f"curryTrain: {what} failed; nothing ran. This is a bug of curryTrain:\n{trace}"))
+
+
+class ValidationCrashed(Crashed):
+    """Validation itself raised: Hydra would have warned about its callback and run the job unvalidated."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(error, "validating the config")
 
 
 class JobFailed(PastHydra):

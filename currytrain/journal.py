@@ -2,8 +2,9 @@
 
 Header: seed, git SHA and dirty flag (the dirty diff goes to git.diff beside it), package versions,
 world size, host, the overrides and the config's difference from the defaults. Events: launch (a relaunch
-into the same folder), start, metrics, eval, checkpoint, resume, init_from, skip_step, rollback, finish, and
-how a run that did not finish ended: config_error, abort, pruned, or failure (with the traceback).
+into the same folder), start, metrics, eval, checkpoint, resume, restart (from step 0: nothing to resume), init_from,
+skip_step, rollback, finish, and how a run that did not finish ended: config_error, abort, pruned, or failure (with
+the traceback).
 """
 
 from __future__ import annotations
@@ -39,9 +40,18 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
-def _git(cwd: Path, *args: str) -> str | None:
+GIT_QUERIES = {
+    "sha": ("rev-parse", "HEAD"),
+    "diff": ("diff", "--no-ext-diff", "--no-textconv", "HEAD"),
+    "untracked": ("ls-files", "--others", "--exclude-standard"),
+}
+"""The only git commands the journal runs: fixed arguments, none from a config (git's aliases and -c options would
+turn chosen arguments into a shell command), no external diff or text-conversion program."""
+
+
+def _git(cwd: Path, query: str) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(["git", "-C", str(cwd), *GIT_QUERIES[query]], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout if out.returncode == 0 else None
@@ -50,11 +60,11 @@ def _git(cwd: Path, *args: str) -> str | None:
 def git_state(cwd: Path) -> dict[str, Any]:
     """SHA of HEAD, whether the tree differs from it (untracked files count: a new experiments/ file is
     code too), the diff of tracked files and the untracked files' names. None outside a repository."""
-    sha = _git(cwd, "rev-parse", "HEAD")
+    sha = _git(cwd, "sha")
     if sha is None:
         return {"sha": None, "dirty": None, "diff": None, "untracked": None}
-    diff = _git(cwd, "diff", "HEAD") or ""
-    untracked = (_git(cwd, "ls-files", "--others", "--exclude-standard") or "").split()
+    diff = _git(cwd, "diff") or ""
+    untracked = (_git(cwd, "untracked") or "").split()
     return {"sha": sha.strip(), "dirty": bool(diff or untracked), "diff": diff, "untracked": untracked}
 
 
@@ -122,22 +132,75 @@ class Journal:
         self._write({"type": kind, "time": _now(), **fields})
 
 
-def read_journal(path: Path) -> list[dict]:
-    """Every record of a journal. A last line cut short (a process killed mid-write) is left out."""
-    records = []
-    lines = Path(path).read_text().splitlines()
+class Records(list):
+    """A journal's records, with the lines a reader passed over (`skipped`: "line N: why")."""
+
+    def __init__(self, records: list[dict], skipped: list[str]):
+        super().__init__(records)
+        self.skipped = skipped
+
+
+NUMERIC_RECORDS = ("metrics", "eval", "finish")
+"""Records whose fields (type and time aside) are numbers: the curves and final values readers compute with."""
+TEXT_FIELDS = ("message", "error", "traceback", "path", "problem", "reason", "signal", "checkpoint", "git_sha")
+"""Fields that are text in every record that has them."""
+TORN = '{"type": '
+"""How every record starts (json.dumps of a dict whose first key is type): where a record glued onto a torn line begins."""
+
+
+def record_problem(record: Any) -> str | None:
+    """Why a parsed line is not a journal record readers can use, or None."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not a record"
+    if not isinstance(record.get("type"), str):
+        return "no type"
+    if "step" in record and (not isinstance(record["step"], int) or isinstance(record["step"], bool)):
+        return f"its step {record['step']!r} is not a whole number"
+    if "time" in record:
+        try:
+            dt.datetime.fromisoformat(record["time"])
+        except (TypeError, ValueError):
+            return f"its time {str(record['time'])[:40]!r} is not an ISO timestamp"
+    for key in TEXT_FIELDS:
+        if record.get(key) is not None and not isinstance(record[key], str):
+            return f"its {key} is a {type(record[key]).__name__}, not text"
+    if record["type"] in NUMERIC_RECORDS:
+        for key, value in record.items():
+            if key not in ("type", "time") and (not isinstance(value, int | float) or isinstance(value, bool)):
+                return f"its {key} {str(value)[:40]!r} is not a number"
+    return None
+
+
+def read_journal(path: Path) -> Records:
+    """Every usable record of a journal, and the lines passed over. A line that is not a record is skipped and named
+    (its number and why): a last line cut short by a kill, a torn line a power cut left with the next launch's
+    record glued on (that record is recovered), bytes changed by hand."""
+    records, skipped = [], []
+    lines = Path(path).read_bytes().decode("utf-8", errors="replace").split("\n")  # only \n ends a record (not \x1e, \x85, ...)
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number != len(lines):
-                raise
-    return records
+        record, problem = _parse(line)
+        if problem is None:
+            records.append(record)
+            continue
+        glued = line.rfind(TORN)
+        if glued > 0 and (tail := _parse(line[glued:]))[1] is None:
+            records.append(tail[0])
+            problem = f"{problem}; the record after its torn start was recovered"
+        skipped.append(f"line {number}: {problem}")
+    return Records(records, skipped)
 
 
-RESTARTS = ("resume", "rollback")
+def _parse(line: str) -> tuple[Any, str | None]:
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, RecursionError) as error:
+        return None, f"not JSON ({str(error)[:80]})"
+    return record, record_problem(record)
+
+
+RESTARTS = ("resume", "rollback", "restart")
 """Events after which a run re-runs the steps past the checkpoint it loaded (the event's step)."""
 CURVES = ("metrics", "eval", "evaluation")
 
@@ -204,7 +267,7 @@ def timeline(records: list[dict]) -> list[str]:
         details = ", ".join(f"{key} {_short(value)}" for key, value in record.items() if key not in ("type", "time", "traceback"))
         lines.append(f"{offset:>9}  {kind:<9} {details}")
     flush()
-    return lines
+    return lines + [f"skipped {line}" for line in getattr(records, "skipped", [])]
 
 
 def _short(value: Any) -> str:

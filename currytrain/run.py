@@ -8,21 +8,24 @@ A job raises its outcome (currytrain.errors); launch.py alone turns it into an e
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from currytrain.diskio import storage_failure
-from currytrain.errors import Aborted, ConfigError, GateFailed, Interrupted, Pruned
+from currytrain.errors import Aborted, ConfigError, GateFailed, Interrupted, InterruptedStarting, Pruned
 from currytrain.journal import Journal, config_diff
 from currytrain.lock import acquire, holding
 from currytrain.logger.base import record_group
 from currytrain.parallel.dims import launched_world_size
 from currytrain.sweep.group import job_group
-from currytrain.validate import raise_on_problems, validate
+from currytrain.validate import raise_on_problems, validate, validated
 from currytrain.weights import RESOLVED
 
 
@@ -64,6 +67,8 @@ def run(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     rank = workers.join_submitit_job(cfg.parallel.rendezvous_timeout) if workers.in_submitit_task() else 0  # before validation: it checks WORLD_SIZE
+    if hydra_cfg.mode == RunMode.RUN and rank == 0 and not validated(run_dir):
+        raise_on_problems(validate(cfg, str(run_dir)))  # a run whose callback did not validate it (never skipped)
     if hydra_cfg.mode == RunMode.MULTIRUN:
         # A single run was validated by ValidateCallback.on_run_start; a multirun's jobs are composed
         # after on_multirun_start, each with its own swept values and folder, so each is checked here.
@@ -114,10 +119,11 @@ OUTCOME_EVENTS = {ConfigError: "config_error", Aborted: "abort", Pruned: "pruned
 
 
 def journal_outcome(journal: Journal, error: BaseException) -> None:
-    if isinstance(error, Interrupted):
+    if isinstance(error, Interrupted) and not isinstance(error, InterruptedStarting):
         return  # the Trainer journaled it, with the checkpoint it saved
-    if isinstance(error, KeyboardInterrupt):  # Ctrl-C outside the training loop, or twice: nothing saved
-        kind, fields = "interrupted", {"signal": "SIGINT", "checkpoint": None}
+    if isinstance(error, KeyboardInterrupt | InterruptedStarting):  # outside the training loop, or Ctrl-C twice: nothing saved
+        signum = error.signum if isinstance(error, InterruptedStarting) else signal.SIGINT
+        kind, fields = "interrupted", {"signal": signal.Signals(signum).name, "checkpoint": None}
     else:
         kind = next((name for cls, name in OUTCOME_EVENTS.items() if isinstance(error, cls)), "failure")
         fields = {"message": str(error), "error": type(error).__name__}
@@ -145,7 +151,7 @@ def run_worker(resolved_path: Path) -> float | None:
     run_dir = Path(resolved_path).parent
     journal = Journal(run_dir / "journal.jsonl", enabled=int(os.environ.get("RANK", "0")) == 0)
     try:
-        with parallel_session(cfg) as state:
+        with stopped_while_starting(), parallel_session(cfg) as state:
             if not state.is_main:  # one console: the other ranks say only what is wrong
                 logging.getLogger("currytrain").setLevel(logging.WARNING)
             if cfg.check.get("_target_") is not None:  # check=<stage|sanity|ladder>: the ladder instead of training
@@ -164,6 +170,29 @@ def run_worker(resolved_path: Path) -> float | None:
     if journal.enabled:
         print(f"final val loss {val_loss:.4f} nats/token | run folder: {run_dir}")
     return val_loss
+
+
+@contextlib.contextmanager
+def stopped_while_starting() -> Iterator[None]:
+    """SIGTERM while the run starts (data, model, compile: before the Trainer answers stop signals) ends it as an
+    outcome, journaled, with exit 143, rather than killing the process with a journal that says nothing. Workers of
+    torch's elastic agent keep SIGTERM's default (the agent's way to stop them: trainer.signals)."""
+    import threading
+
+    if "TORCHELASTIC_RUN_ID" in os.environ or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise InterruptedStarting(
+            f"stopped by {signal.Signals(signum).name} outside the training loop (while the run started or ended): no checkpoint saved", signum
+        )
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def build_hooks(cfg: DictConfig) -> list:

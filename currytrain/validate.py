@@ -22,7 +22,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from currytrain.build import target_problems
 from currytrain.data.base import BYTE_VOCAB, PROBE_SPECIAL_TOKENS
 from currytrain.data.config import DigitsConfig, ProbeConfig, TabularConfig
-from currytrain.errors import ConfigError, ConfigRejected, format_problems
+from currytrain.errors import ConfigError, ConfigRejected, ValidationCrashed, format_problems
 from currytrain.eval.config import EvalConfig
 from currytrain.lock import acquire, held_by_another, holding
 from currytrain.model.config import DecoderConfig, GQAConfig, MLPConfig, MoEConfig
@@ -85,6 +85,37 @@ def check_tree(node: DictConfig, path: str = "") -> list[str]:
         child = node._get_node(key)
         if isinstance(child, DictConfig) and not (not path and key == "hydra"):
             problems += check_tree(child, f"{path}.{key}" if path else str(key))
+    return problems
+
+
+def argument_problems(node: Any, path: str = "", extra: Any = ()) -> list[str]:
+    """Keys of untyped nodes (a `+logger.mine={_target_: ...}` no schema types) that the callable their _target_
+    names does not take: build() would fail with a TypeError after the run started."""
+    import inspect
+
+    from hydra.utils import get_object
+
+    from currytrain.build import target_problem
+
+    problems: list[str] = []
+    if isinstance(node, DictConfig) and schema_of(node) is None and "_target_" in node:
+        target = node._get_node("_target_")._value()
+        if target_problem(target, extra) is None:
+            try:
+                parameters = inspect.signature(get_object(target)).parameters.values()
+            except (TypeError, ValueError):  # a builtin without a signature: build() says what it takes
+                parameters = None
+            if parameters is not None and not any(p.kind == p.VAR_KEYWORD for p in parameters):
+                names = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+                for key in node.keys():
+                    if not str(key).startswith("_") and key not in names:
+                        problems.append(f"{path}.{key} is not an argument of {target}, so building it would fail: remove it; its arguments: {names}")
+    if isinstance(node, DictConfig):
+        for key in node.keys():
+            problems += argument_problems(node._get_node(key), f"{path}.{key}" if path else str(key), extra)
+    elif isinstance(node, ListConfig):
+        for index in range(len(node)):
+            problems += argument_problems(node._get_node(index), f"{path}[{index}]", extra)
     return problems
 
 
@@ -170,8 +201,27 @@ def _check_init_from(cfg: DictConfig) -> list[str]:
     return [f"trainer.init_from={init_from} {problem}"] if problem else []
 
 
+EARLIER_RUN = ("journal.jsonl", "resolved.yaml", "metrics.jsonl")
+"""What an earlier run leaves in its folder (besides checkpoints): a new run there would replace or mix them."""
+
+
+def _unwritable(run_dir: str) -> list[str]:
+    """The run folder (or the nearest folder above it that exists) must be writable: a run writes only there."""
+    import os
+
+    existing = Path(run_dir).resolve()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
+        return []
+    why = "is not a folder" if existing.exists() and not existing.is_dir() else "cannot be written (read-only or not permitted)"
+    return [f"hydra.run.dir={run_dir}: {existing} {why}: choose a run folder on a writable file system (hydra.run.dir, or hydra.sweep.dir for -m)"]
+
+
 def _check_run_dir(cfg: DictConfig, run_dir: str | None) -> list[str]:
     """Never train over an earlier run's checkpoints unless asked to resume them; resume only what fits."""
+    if run_dir is not None and (unwritable := _unwritable(run_dir)):
+        return unwritable
     resume = cfg.trainer.resume
     if run_dir is not None and resume == "none":
         checkpoints = Path(run_dir) / "checkpoints"
@@ -179,6 +229,13 @@ def _check_run_dir(cfg: DictConfig, run_dir: str | None) -> list[str]:
             return [
                 f"{run_dir} already holds checkpoints of an earlier run: pass trainer.resume=auto to continue it, "
                 "or choose another run folder (hydra.run.dir, or hydra.sweep.dir for -m)"
+            ]
+        earlier = [name for name in EARLIER_RUN if (Path(run_dir) / name).is_file()]
+        if earlier:  # a run that saved no checkpoint (crashed, or trainer.checkpoint_every=0): its record would be replaced
+            return [
+                f"{run_dir} already holds an earlier run ({', '.join(earlier)}) and no checkpoint to resume: choose another run folder "
+                "(hydra.run.dir, or hydra.sweep.dir for -m), or pass trainer.resume=auto to run it again from step 0 in this folder "
+                "(its journal keeps the earlier attempt)"
             ]
         return []
     checkpoint = resume_checkpoint(resume, run_dir)
@@ -467,13 +524,23 @@ def validate(cfg: DictConfig, run_dir: str | None = None) -> list[str]:
         allow = cfg.build.allow if isinstance(cfg.build.allow, ListConfig) else []  # not a list: check_tree says so
         problems = [problem for key in cfg.keys() if key != "hydra" for problem in target_problems(cfg._get_node(key), str(key), extra=allow)]
         problems += check_tree(cfg)
+        problems += [problem for key in cfg.keys() if key != "hydra" for problem in argument_problems(cfg._get_node(key), str(key), allow)]
         for check in CROSS_GROUP_CHECKS:
-            problems += check(cfg)
-        problems += _check_run_dir(cfg, run_dir)
+            problems += _reading_files(check, cfg)
+        problems += _reading_files(_check_run_dir, cfg, run_dir)
         # Sizing builds the model on the meta device: only once every value it reads is known good.
         return problems or _check_memory(cfg)
     except OmegaConfBaseException as error:  # an interpolation that cannot resolve, a missing value
         return unreadable_values(cfg) or [f"{getattr(error, 'full_key', None) or 'the config'} cannot be read: {str(error).splitlines()[0]}"]
+
+
+def _reading_files(check: Any, *args: Any) -> list[str]:
+    """A check's problems; a ConfigError raised while it read a file the config names (a marker, a model.yaml of the
+    wrong shape) is one more problem, reported with the others."""
+    try:
+        return check(*args)
+    except ConfigError as error:
+        return [str(error)]
 
 
 def unreadable_values(node: Any, path: str = "") -> list[str]:
@@ -497,9 +564,78 @@ def unreadable_values(node: Any, path: str = "") -> list[str]:
     return problems
 
 
+TYPED_GROUPS = ("model", "data", "parallel", "optimizer", "check", "sweep", "abort", "cost")
+"""Root keys whose node a stored schema types (schema/<group>/<option> in Hydra's ConfigStore); logger's entries too."""
+
+
+def typed_node(group: str, node: Any, where: str) -> tuple[Any, list[str]]:
+    """`node` (plain data) typed by the schema of `group` whose _target_ it names, as composition types it: its keys
+    and values checked by that schema. (node, []) when it fits one, else (untyped node, the problem)."""
+    from hydra.core.config_store import ConfigStore
+
+    if not isinstance(node, dict):
+        return node, [f"{where}={node} is not a config node (a mapping): restore the file"]
+    schemas = [entry.node for entry in ConfigStore.instance().repo.get("schema", {}).get(group, {}).values()]
+    candidates = [schema for schema in schemas if schema.get("_target_") == node.get("_target_")]
+    reasons = []
+    for schema in candidates:
+        try:
+            return OmegaConf.merge(schema, node), []
+        except OmegaConfBaseException as error:
+            reasons.append(str(error).splitlines()[0])
+    if not candidates:
+        return OmegaConf.create(node), []  # an unregistered _target_: target_problems refuses it by name
+    return OmegaConf.create(node), [f"{where} does not fit its schema ({reasons[0]}): restore the file"]
+
+
+def typed_run_config(data: dict[str, Any]) -> tuple[DictConfig, list[str]]:
+    """A run folder's resolved config (plain data, weights.read_yaml_mapping) typed as a launch's composed config is,
+    so that validate() checks its keys and ranges too; the problems found while typing it."""
+    from hydra.core.config_store import ConfigStore
+
+    root = ConfigStore.instance().repo["root_schema.yaml"].node
+    plain = {key: value for key, value in data.items() if key not in (*TYPED_GROUPS, "logger")}
+    problems: list[str] = []
+    try:
+        cfg = OmegaConf.merge(root, plain)
+    except OmegaConfBaseException as error:
+        return OmegaConf.create(data), [f"the config does not fit curryTrain's root schema ({str(error).splitlines()[0]}): restore the file"]
+    for group in TYPED_GROUPS:
+        if group in data:
+            cfg[group], found = typed_node(group, data[group], group)
+            problems += found
+    loggers = data.get("logger") or {}
+    if not isinstance(loggers, dict):
+        return cfg, problems + [f"logger={loggers} is not a mapping of logger nodes: restore the file"]
+    for name, node in loggers.items():
+        cfg.logger[name], found = typed_node("logger", node, f"logger.{name}")
+        problems += found
+    return cfg, problems
+
+
 def raise_on_problems(problems: list[str]) -> None:
     if problems:
         raise ConfigError(format_problems(problems))
+
+
+_validated: set[str] = set()
+"""The run folders ValidateCallback validated in this process (run.run validates any other itself)."""
+
+
+def validated(run_dir: str | Path) -> bool:
+    return str(Path(run_dir).resolve()) in _validated
+
+
+def validate_or_stop(config: DictConfig, run_dir: str | None = None) -> list[str]:
+    """validate(), where nothing may slip through as a warning: Hydra turns a callback's exception into one and runs
+    the job. A problem is returned; any other exception stops the command (ValidationCrashed: exit 1 with the
+    traceback, a bug of curryTrain's validation, since every reader of a user's file reports problems instead)."""
+    try:
+        return validate(config, run_dir)
+    except ConfigError as error:
+        return [str(error)]
+    except Exception as error:
+        raise ValidationCrashed(error) from error
 
 
 class ValidateCallback(Callback):
@@ -510,12 +646,16 @@ class ValidateCallback(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         run_dir = OmegaConf.select(config, "hydra.run.dir")
         held = held_by_another(run_dir) if run_dir else None  # first: a folder in use explains the other problems
-        self._reject(([held] if held else []) + validate(config, run_dir))
+        self._reject(([held] if held else []) + validate_or_stop(config, run_dir))
+        if run_dir:
+            _validated.add(str(Path(run_dir).resolve()))
         if run_dir:
             try:
                 acquire(run_dir)
             except ConfigError as error:  # another process took it since the look above
                 raise ConfigRejected(error) from None
+            except OSError as error:  # the folder became unwritable since the look above
+                raise ConfigRejected(ConfigError(f"hydra.run.dir={run_dir} cannot be written ({error.strerror}): choose another run folder")) from None
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
         """The run's job ended without releasing the folder (Hydra failed before the task ran)."""
@@ -524,7 +664,7 @@ class ValidateCallback(Callback):
             lock.release()
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._reject(validate(config))
+        self._reject(validate_or_stop(config))
 
     @staticmethod
     def _reject(problems: list[str]) -> None:

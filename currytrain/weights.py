@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+import yaml
 
 from currytrain.model.config import APPLIED_FROM_OUTSIDE
 
@@ -24,6 +24,68 @@ MARKER = "COMPLETE"
 """Written last into a checkpoint folder, once every rank's shards are on disk. It holds the folder's
 manifest: each file's size and SHA-256, so a load can tell a shard cut short or changed on disk."""
 STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+YAML_MAX_BYTES = 16 << 20
+"""The largest resolved.yaml or model.yaml a reader parses (16 MiB: a resolved config is a few KiB)."""
+
+
+class _NoAliases(yaml.SafeLoader):
+    """YAML without anchors' aliases: each alias copies its anchor again when a config is built from the data, so a
+    few hundred bytes of nested aliases expand to billions of nodes."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.YAMLError(f"an alias (*{event.anchor}) at line {event.start_mark.line + 1}, which curryTrain never writes")
+        return super().compose_node(parent, index)
+
+
+def read_yaml_mapping(path: Path) -> dict[str, Any]:
+    """A YAML file of a run or import folder (resolved.yaml, model.yaml) as plain data, read with bounded work: at
+    most YAML_MAX_BYTES, no aliases, no interpolations (curryTrain writes these files resolved, so a `${...}` is an
+    edit, and nested ones expand without bound). Raises ConfigError naming the file and what is wrong with it."""
+    from currytrain.errors import ConfigError
+
+    path = Path(path)
+    fix = "restore it from the run that wrote it, or pass another folder"
+    try:
+        if path.stat().st_size > YAML_MAX_BYTES:
+            raise ConfigError(f"{path} has {path.stat().st_size:,} bytes, more than a config curryTrain writes ({YAML_MAX_BYTES:,}): {fix}")
+        data = yaml.load(path.read_text(), Loader=_NoAliases)  # noqa: S506 (a SafeLoader subclass)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError, ValueError) as error:
+        reason = " ".join(str(error).split())[:300] or type(error).__name__
+        raise ConfigError(f"{path} cannot be read as a curryTrain config ({reason}): {fix}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} holds a {type(data).__name__}, not a mapping of config keys: {fix}")
+    if (where := _interpolation(data)) is not None:
+        raise ConfigError(f"{path} holds an interpolation at {where}, which curryTrain writes resolved: {fix}")
+    return data
+
+
+def _interpolation(tree: Any, path: str = "") -> str | None:
+    """The key of the first value or key holding `${`, or None."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            where = f"{path}.{key}" if path else str(key)
+            if "${" in str(key) or (found := _interpolation(value, where)) is not None:
+                return where if "${" in str(key) else found
+    elif isinstance(tree, list):
+        for index, value in enumerate(tree):
+            if (found := _interpolation(value, f"{path}[{index}]")) is not None:
+                return found
+    elif isinstance(tree, str) and "${" in tree:
+        return path or "the top"
+    return None
+
+
+def read_marker(path: Path) -> dict[str, Any] | None:
+    """A checkpoint folder's COMPLETE marker as a mapping, or None when it is missing or is not a JSON mapping."""
+    try:
+        marker = json.loads((Path(path) / MARKER).read_text())
+    except (ValueError, OSError):
+        return None
+    return marker if isinstance(marker, dict) else None
 
 
 def is_complete(path: Path) -> bool:
@@ -47,15 +109,17 @@ def checkpoint_problem(path: Path) -> str | None:
     path = Path(path)
     if not is_complete(path):
         return f"has no {MARKER} marker (an interrupted save)"
-    try:
-        manifest = json.loads((path / MARKER).read_text()).get("files")
-    except (ValueError, AttributeError, OSError):
+    marker = read_marker(path)
+    if marker is None:
         return f"its {MARKER} marker is unreadable (changed since the save)"
+    manifest = marker.get("files")
     if manifest is None:
         return None
+    if not isinstance(manifest, dict) or not all(isinstance(e, dict) and {"bytes", "sha256"} <= set(e) for e in manifest.values()):
+        return f"its {MARKER} marker's manifest is not a mapping of file -> bytes and sha256 (changed since the save)"
     for name, expected in manifest.items():
         file = path / name
-        if not file.is_file():
+        if Path(name).name != name or not file.is_file():
             return f"is missing {name}"
         size = file.stat().st_size
         if size != expected["bytes"]:
@@ -83,11 +147,11 @@ def find_checkpoint(location: Path) -> Path | None:
 
 def checkpoint_step(path: Path) -> int | None:
     """The step a complete checkpoint folder was saved at (from its marker, else its name)."""
-    try:
-        return int(json.loads((Path(path) / MARKER).read_text())["step"])
-    except (ValueError, KeyError, TypeError, OSError):
-        match = STEP_DIR.match(Path(path).name)
-        return int(match.group(1)) if match else None
+    step = (read_marker(path) or {}).get("step")
+    if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+        return step
+    match = STEP_DIR.match(Path(path).name)
+    return int(match.group(1)) if match else None
 
 
 def checkpoint_candidates(location: Path) -> list[Path]:
@@ -111,20 +175,30 @@ def resume_checkpoint(resume: str, run_dir: str | Path | None) -> Path | None:
 
 
 def model_node_of(path: str | Path) -> dict[str, Any] | None:
-    """The model config node the weights at `path` were written with, or None if `path` is none of the three."""
+    """The model config node the weights at `path` were written with, or None if `path` is none of the three.
+    A node that is not a mapping with a _target_ (an edited marker or file) is a ConfigError naming where it is."""
+    from currytrain.errors import ConfigError
+
     path = Path(path).expanduser()
     if is_complete(path):  # a checkpoint folder names its model in its marker, even copied out of its run
-        try:
-            node = json.loads((path / MARKER).read_text()).get("model")
-        except (ValueError, AttributeError, OSError):
-            node = None
+        node = (read_marker(path) or {}).get("model")
         if node:
-            return node
+            return _model_node(node, f"{path / MARKER}'s model")
     for candidate, key in ((path / MODEL_YAML, None), (path / RESOLVED, "model"), (path.parent.parent / RESOLVED, "model")):
         if candidate.is_file():
-            node = OmegaConf.load(candidate)
-            return OmegaConf.to_container(node[key] if key else node, resolve=True)
+            data = read_yaml_mapping(candidate)
+            if key is not None and key not in data:
+                raise ConfigError(f"{candidate} has no {key} node: restore it from the run that wrote it, or pass another folder")
+            return _model_node(data[key] if key else data, f"{candidate}'s {key}" if key else str(candidate))
     return None
+
+
+def _model_node(node: Any, where: str) -> dict[str, Any]:
+    from currytrain.errors import ConfigError
+
+    if not isinstance(node, dict) or not isinstance(node.get("_target_"), str):
+        raise ConfigError(f"{where} is not a model config node (a mapping with a _target_): restore it, or pass another folder")
+    return node
 
 
 NOT_IN_WEIGHTS = ("max_seq_len", "init_std")
@@ -185,8 +259,14 @@ OPTIMIZER_STATE = {"build_adamw": "exp_avg, exp_avg_sq", "build_sgd": "momentum_
 
 
 def marker_config(checkpoint: str | Path) -> dict[str, Any] | None:
-    """The resolved run config kept in a checkpoint's marker, or None for a checkpoint saved before it was kept."""
-    return marker_field(checkpoint, "config") or None
+    """The resolved run config kept in a checkpoint's marker, or None for a checkpoint saved before it was kept.
+    A config that is not a mapping (an edited marker) is a ConfigError."""
+    config = marker_field(checkpoint, "config") or None
+    if config is not None and not isinstance(config, dict):
+        from currytrain.errors import ConfigError
+
+        raise ConfigError(f"{Path(checkpoint) / MARKER}'s config is not a mapping of config keys: restore the checkpoint from a copy, or pass another one")
+    return config
 
 
 def saved_config_of(checkpoint: str | Path) -> dict[str, Any] | None:
@@ -195,21 +275,23 @@ def saved_config_of(checkpoint: str | Path) -> dict[str, Any] | None:
     if (config := marker_config(checkpoint)) is not None:
         return config
     resolved = Path(checkpoint).parent.parent / RESOLVED
-    return OmegaConf.to_container(OmegaConf.load(resolved), resolve=True) if resolved.is_file() else None
+    return read_yaml_mapping(resolved) if resolved.is_file() else None
 
 
 def marker_field(checkpoint: str | Path, key: str) -> Any:
     """One field of a checkpoint's marker, or None (absent, or an unreadable marker)."""
-    try:
-        return json.loads((Path(checkpoint) / MARKER).read_text()).get(key)
-    except (ValueError, AttributeError, OSError):
-        return None
+    return (read_marker(Path(checkpoint)) or {}).get(key)
+
+
+def marker_count(checkpoint: str | Path, key: str) -> int | None:
+    """A whole-number field of a checkpoint's marker (tokens, schedule_start), or None when absent or not a count."""
+    value = marker_field(checkpoint, key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def saved_tokens(checkpoint: str | Path) -> int | None:
     """Training tokens seen up to a checkpoint (its marker's count), or None for a checkpoint that predates it."""
-    tokens = marker_field(checkpoint, "tokens")
-    return int(tokens) if tokens is not None else None
+    return marker_count(checkpoint, "tokens")
 
 
 def config_changes(saved: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

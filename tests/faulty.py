@@ -1,4 +1,4 @@
-"""Components that fail on purpose, for tests of how a run ends. Configs reach them with build.allow=[tests] (as tests.faulty)."""
+"""Components that fail on purpose, for tests of how a run ends. Configs reach them with build.allow=[tests.faulty.<the class>] on the command line."""
 
 from __future__ import annotations
 
@@ -180,3 +180,14 @@ class ReadOnlyAfter(_QuietLogger):
             self.done = True
             subprocess.run(["mount", "--bind", self.run_dir, self.run_dir], check=True)
             subprocess.run(["mount", "-o", "remount,ro,bind", self.run_dir], check=True)
+
+
+class SlowStart(_QuietLogger):
+    """Takes `seconds` to build (a slow tracker server, a cold file system), after writing `starting` into the run
+    folder: a run stopped at this moment is stopped before its training loop answers signals."""
+
+    def __init__(self, run_dir: str, seconds: float = 60.0):
+        from pathlib import Path
+
+        (Path(run_dir) / "starting").write_text("")
+        time.sleep(seconds)

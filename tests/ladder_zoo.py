@@ -1,5 +1,5 @@
 """A zoo of deliberately broken parts, and user stages, for the validation ladder's tests. Each breaker changes
-built Components in place the way a real bug would; configs reach the stages here with build.allow=[tests]."""
+built Components in place the way a real bug would; configs reach the stages here with build.allow=[tests.ladder_zoo.<the stage>]."""
 
 from __future__ import annotations
 

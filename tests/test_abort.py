@@ -61,7 +61,7 @@ def _run(compose_cfg, run_dir, *overrides):
 
 
 LONGER = ["trainer.max_steps=30", "trainer.eval_every=10", "trainer.eval_batches=4", "optimizer.lr=0.01", "trainer.log_every=5"]
-POISON = ["model._target_=tests.faulty.PoisonedGQA", "+model.poison_at=14", "build.allow=[tests]"]
+POISON = ["model._target_=tests.faulty.PoisonedGQA", "+model.poison_at=14", "build.allow=[tests.faulty.PoisonedGQA]"]
 
 
 @pytest.mark.slow

@@ -55,7 +55,7 @@ BAD_CONFIGS = [
     (["+model.dimm=64"], ["model.dimm is not a field of GQAConfig", "did you mean model.dim?"]),
     (["+seeed=1"], ["seeed is not a field of RootConfig", "did you mean seed?"]),
     (["abort.metric=val/acc"], ["abort.metric=val/acc is not one of ['val/loss', 'train/loss']"]),
-    (["abort.window=-1"], ["abort.window=-1 must be >= 2"]),
+    (["abort.window=-1"], ["abort.window=-1 must be in [2, 1000000]"]),
     (["abort=strict"], ["abort.action=rollback restores the last good checkpoint", "trainer.checkpoint_every=<steps>"]),
     (["abort.rollback_lr_scale=2"], ["abort.rollback_lr_scale=2.0 must be in (0, 1]"]),
     (["model.dim=1000000"], ["the run needs about", "parameters), more than this machine's available RAM", "lower model.dim"]),
@@ -83,7 +83,7 @@ BAD_CONFIGS = [
     (["trainer.compile_cache="], ["trainer.compile_cache='' must name a folder: pass trainer.compile_cache=.cache/compile"]),
     (["optimizer.betas=[0.9,nan]"], ["optimizer.betas=[0.9,nan] must be a finite number in [0, 1)"]),
     (["abort.max_seconds=inf"], ["abort.max_seconds=inf must be a finite number >= 0"]),
-    (["parallel.hang_timeout=nan"], ["parallel.hang_timeout=nan must be a finite number >= 0"]),
+    (["parallel.hang_timeout=nan"], ["parallel.hang_timeout=nan must be a finite number in [0, 10000000]"]),
     (["seed=-1"], ["seed=-1 must be in [0, 2**63)"]),
     # The fields the HF families added (issue 33) declare their ranges the same way.
     (["model.attn_softcap=inf"], ["model.attn_softcap=inf must be a finite number >= 0: pass model.attn_softcap=0.0"]),
@@ -94,6 +94,17 @@ BAD_CONFIGS = [
         ["logger=[jsonl]", "logger.jsonl.filename=../../escaped.jsonl"],
         ["logger.jsonl.filename='../../escaped.jsonl' must name a file or folder inside the run folder"],
     ),
+    # Values that passed validation and then hung or crashed (issue 46): each has its range now.
+    (["trainer.grad_accum=1000000000000000000"], ["trainer.grad_accum=1000000000000000000 must be in [1, 65536]"]),
+    (["trainer.eval_batches=1000000000000000000"], ["trainer.eval_batches=1000000000000000000 must be in [1, 65536]"]),
+    (["logger.tensorboard.flush_secs=1000000000000000000"], ["logger.tensorboard.flush_secs=1000000000000000000 must be in [1, 86400]"]),
+    (["abort.window=10000000000000000000"], ["abort.window=10000000000000000000 must be in [2, 1000000]"]),
+    (["parallel.rendezvous_timeout=1e30"], ["parallel.rendezvous_timeout=1e+30 must be"]),
+    (
+        ["+logger.mine={_target_:currytrain.logger.jsonl.JsonlLogger,filenme:x.jsonl}"],
+        ["logger.mine.filenme is not an argument of currytrain.logger.jsonl.JsonlLogger", "['run_dir', 'filename']"],
+    ),
+    (["hydra.run.dir=/tmp/run_\udcff_folder"], ["is not UTF-8 text", "pass the value in UTF-8"]),
 ]
 
 
@@ -227,11 +238,21 @@ def test_start_up_skips_the_modules_it_does_not_use(tmp_path):
     assert (code, loaded) == (2, ["torch"])  # the memory estimate built the model on the meta device
 
 
-HOSTILE_TARGETS = ["torch.hub.load", "torch.save", "torch.os.system", "os.system", "builtins.eval", "currytrain.run.os.system"]
+HOSTILE_TARGETS = [
+    "torch.hub.load",
+    "torch.save",
+    "torch.os.system",
+    "os.system",
+    "builtins.eval",
+    "builtins.open",
+    "currytrain.run.os.system",
+    "currytrain.journal.git_state",  # curryTrain's own functions are not components: only registered ones are built
+    "currytrain.diskio.append_line",
+]
 
 
 @pytest.mark.parametrize("target", HOSTILE_TARGETS)
-def test_targets_outside_the_allowed_modules_are_refused_before_anything_is_written(target, tmp_path):
+def test_unregistered_targets_are_refused_before_anything_is_written(target, tmp_path):
     victim = tmp_path / "victim"
     victim.write_text("precious")
     run_dir = tmp_path / "run"
@@ -239,31 +260,41 @@ def test_targets_outside_the_allowed_modules_are_refused_before_anything_is_writ
     for override in (f"+parallel.x={{_target_:{target},_args_:[pwned,{victim}]}}", f"+optimizer.schedule.extra=[{{_target_:{target},_args_:[{victim}]}}]"):
         result = launch(override, f"hydra.run.dir={run_dir}")
         assert result.returncode == 2, result.stderr[-2000:]
-        assert f"_target_={target}" in result.stderr and "outside the allowed modules" in result.stderr, result.stderr
+        assert f"_target_={target} is not a registered component" in result.stderr, result.stderr
         assert victim.read_text() == "precious" and not run_dir.exists()
 
 
 @pytest.mark.parametrize("target", HOSTILE_TARGETS)
-def test_build_refuses_targets_outside_the_allowed_modules_nested_ones_included(target):
+def test_build_refuses_unregistered_targets_nested_ones_included(target):
     from omegaconf import OmegaConf
 
     from currytrain.build import build
     from currytrain.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="outside the allowed modules"):
+    with pytest.raises(ConfigError, match="is not a registered component"):
         build(OmegaConf.create({"_target_": target, "_args_": ["x"]}))
     nested = {"_target_": "currytrain.data.corpus.SyntheticTokens", "seq_len": 8, "hooks": [{"inner": {"_target_": target}}]}
     with pytest.raises(ConfigError, match=r"hooks\[0\]\.inner\._target_"):
         build(OmegaConf.create(nested))
 
 
-@pytest.mark.slow
-def test_build_allow_extends_the_allowed_modules_for_one_run(compose_cfg):
+def test_build_allow_names_exact_callables_and_only_the_command_line_sets_it(compose_cfg, tmp_path):
+    from currytrain.errors import ConfigError
     from currytrain.validate import validate
 
-    cfg = compose_cfg("+logger.crash={_target_:tests.faulty.CrashingLogger}")
-    assert any("logger.crash._target_=tests.faulty.CrashingLogger is outside the allowed modules" in p for p in validate(cfg))
-    assert validate(compose_cfg("build.allow=[tests]", "+logger.crash={_target_:tests.faulty.CrashingLogger}")) == []
+    crash, slow = "+logger.crash={_target_:tests.faulty.CrashingLogger}", "+logger.slow={_target_:tests.faulty.SlowLogger}"
+    assert any("logger.crash._target_=tests.faulty.CrashingLogger is not a registered component" in p for p in validate(compose_cfg(crash)))
+    assert validate(compose_cfg("build.allow=[tests.faulty.CrashingLogger]", crash)) == []
+    problems = validate(compose_cfg("build.allow=[tests.faulty.CrashingLogger]", crash, slow))
+    assert [p for p in problems if "registered" in p] == [p for p in problems if p.startswith("logger.slow._target_=tests.faulty.SlowLogger")], (
+        "not module-wide"
+    )
+    with pytest.raises(ConfigError, match=r"build.allow entry tests is not the dotted name of a class or function"):
+        compose_cfg("build.allow=[tests]", crash)
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "widen.yaml").write_text("# @package _global_\nbuild:\n  allow: [tests.faulty.CrashingLogger]\n")
+    with pytest.raises(ConfigError, match=r"build.allow=\['tests.faulty.CrashingLogger'\] is set by a config file: only the command line"):
+        compose_cfg(f"hydra.searchpath=[file://{tmp_path}]", "experiment=widen", crash)
 
 
 def test_no_sys_exit_inside_the_package_outside_its_command_line_entries():

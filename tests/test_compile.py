@@ -126,7 +126,8 @@ def test_compiled_training_matches_eager_and_a_second_run_reuses_the_cache(compi
     assert reports["cold"]["graphs"] == 1 and reports["cold"]["cache_misses"] > 0
     # The second run, a fresh process in another folder, loads every graph from the shared cache.
     assert reports["warm"]["cache_hits"] > 0 and reports["warm"]["cache_misses"] == 0, reports
-    assert train_losses(compiled_runs["warm"]) == cold
+    # The same kernels; a reduction's split may still follow the threads the process got (seen: 5e-7 under load).
+    assert all(abs(a - b) < 1e-5 for a, b in zip(train_losses(compiled_runs["warm"]), cold, strict=True))
 
 
 def _events(run_dir: Path, kind: str) -> list[dict]:

@@ -180,6 +180,20 @@ def test_build_rejects_targets_outside_the_allow_list(compose_cfg):
         build(in_list)
 
 
+def test_the_registered_components_are_exactly_what_the_schemas_and_conf_name():
+    """build's own list of curryTrain's components (for processes that register no schemas) equals the _target_s of
+    every stored schema, and every _target_ a YAML file of conf/ names is registered."""
+    import re
+
+    from currytrain.build import BUILT_IN_TARGETS, COMPONENTS
+    from currytrain.config import SCHEMAS, schema_targets
+
+    named = {target for options in SCHEMAS.values() for schema in options.values() for target in schema_targets(schema)}
+    assert {t for t in named if t.startswith("currytrain.")} == set(COMPONENTS)
+    in_yaml = {match for path in CONF.rglob("*.yaml") for match in re.findall(r"_target_:\s*([\w.]+)", path.read_text())}
+    assert in_yaml and in_yaml <= BUILT_IN_TARGETS, in_yaml - BUILT_IN_TARGETS
+
+
 def test_build_rejects_runtime_arguments_that_collide_with_config_fields(compose_cfg):
     cfg = compose_cfg()
     with pytest.raises(ConfigError, match="collide"):

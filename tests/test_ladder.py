@@ -275,7 +275,12 @@ def test_the_ladder_stops_at_the_first_failed_gate(compose_cfg, tmp_path, one_th
 
 @pytest.mark.slow
 def test_a_user_stage_plugs_in_from_config(compose_cfg, tmp_path, one_thread):
-    overrides = ("check=skeleton", SMALL_DATA, "build.allow=[tests]", "+check.stages.count={_target_:tests.ladder_zoo.CountingStage,minimum:10}")
+    overrides = (
+        "check=skeleton",
+        SMALL_DATA,
+        "build.allow=[tests.ladder_zoo.CountingStage]",
+        "+check.stages.count={_target_:tests.ladder_zoo.CountingStage,minimum:10}",
+    )
     cfg = compose_cfg(*overrides, "logger=[jsonl]")
     assert validate(cfg) == []
     results = run_ladder(cfg, ParallelState(), tmp_path, Journal(tmp_path / "journal.jsonl"))

@@ -177,7 +177,7 @@ def test_layer_assessment_answers_with_findings(blocks, data):
 
 def test_a_stage_that_raises_is_a_failed_finding_naming_where_and_the_report_is_written(compose_cfg, tmp_path, one_thread):
     stage = "+check.stages.boom={_target_:tests.ladder_zoo.RaisingStage}"
-    cfg = compose_cfg("check=skeleton", "data.max_bytes=300000", "build.allow=[tests]", stage, "logger=[jsonl]")
+    cfg = compose_cfg("check=skeleton", "data.max_bytes=300000", "build.allow=[tests.ladder_zoo.RaisingStage]", stage, "logger=[jsonl]")
     with pytest.raises(GateFailed, match="stage boom failed its gate") as failed:
         run_ladder(cfg, ParallelState(), tmp_path, Journal(tmp_path / "journal.jsonl"))
     assert "ladder_zoo.py" in str(failed.value) and "(assess)" in str(failed.value), "where it raised"

@@ -32,7 +32,7 @@ def test_a_bad_value_fails_its_own_multirun_job_and_the_other_job_still_runs(tmp
 @pytest.mark.slow
 def test_a_crash_is_journaled_with_its_traceback_and_exits_1(tmp_path):
     run_dir = tmp_path / "run"
-    result = launch("build.allow=[tests]", "+logger.crash={_target_:tests.faulty.CrashingLogger,fail_at:3}", f"hydra.run.dir={run_dir}")
+    result = launch("build.allow=[tests.faulty.CrashingLogger]", "+logger.crash={_target_:tests.faulty.CrashingLogger,fail_at:3}", f"hydra.run.dir={run_dir}")
     assert result.returncode == 1, result.stderr[-3000:]
     (failure,) = _events(run_dir, "failure")
     assert failure["error"] == "RuntimeError" and "logger exploded at step 3" in failure["message"]
@@ -90,7 +90,7 @@ def test_a_rollback_without_a_checkpoint_aborts(compose_cfg, tmp_path, one_threa
 
 
 def test_loggers_close_when_the_run_fails(compose_cfg, tmp_path, one_thread):
-    cfg = compose_cfg("build.allow=[tests]", "+logger.crash={_target_:tests.faulty.CrashingLogger,fail_at:2}")
+    cfg = compose_cfg("build.allow=[tests.faulty.CrashingLogger]", "+logger.crash={_target_:tests.faulty.CrashingLogger,fail_at:2}")
     trainer = Trainer(OmegaConf.load(write_run_record(cfg, tmp_path, [], tmp_path)), tmp_path)
     with pytest.raises(RuntimeError, match="exploded"):
         trainer.train()

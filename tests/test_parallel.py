@@ -189,7 +189,7 @@ def test_torchrun_ranks_share_rank_0s_run_folder(tmp_path):
 @pytest.mark.slow
 def test_killed_worker_ends_the_run_then_resume_finishes_it(tmp_path):
     run_dir = tmp_path / "run"
-    slow = ["build.allow=[tests]", "+logger.slow={_target_:tests.faulty.SlowLogger,seconds:0.3}"]  # >= 4 s to kill it in
+    slow = ["build.allow=[tests.faulty.SlowLogger]", "+logger.slow={_target_:tests.faulty.SlowLogger,seconds:0.3}"]  # >= 4 s to kill it in
     overrides = ["parallel=ddp", "trainer.max_steps=20", "trainer.checkpoint_every=4", "trainer.eval_every=1000", *slow, f"hydra.run.dir={run_dir}"]
     args = [sys.executable, str(ROOT / "launch.py"), *TINY, *overrides]
     process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -222,7 +222,9 @@ def _events(run_dir: Path) -> list[dict]:
 @pytest.mark.slow
 def test_config_error_inside_a_worker_exits_2(tmp_path):
     run_dir = tmp_path / "run"
-    result = launch("parallel=ddp", "build.allow=[tests]", "+logger.reject={_target_:tests.faulty.RejectingLogger}", f"hydra.run.dir={run_dir}")
+    result = launch(
+        "parallel=ddp", "build.allow=[tests.faulty.RejectingLogger]", "+logger.reject={_target_:tests.faulty.RejectingLogger}", f"hydra.run.dir={run_dir}"
+    )
     assert result.returncode == 2, result.stderr[-3000:]
     assert "this logger refuses every run" in result.stderr
     kinds = {e["type"]: e for e in _events(run_dir)}

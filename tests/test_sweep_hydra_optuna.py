@@ -289,5 +289,5 @@ def test_a_config_naming_the_official_class_path_gets_this_sweeper(hydra_sweep_r
 def test_a_curry_train_run_calls_no_custom_search_space_outside_the_allow_list(compose_cfg):
     cfg = compose_cfg("sweep=tpe")
     settings, paths, problems = merge_settings(cfg, {"custom_search_space": "os.system"})
-    with pytest.raises(ConfigError, match=r"hydra.sweeper.custom_search_space=os.system is outside the allowed modules"):
+    with pytest.raises(ConfigError, match=r"hydra.sweeper.custom_search_space=os.system is not a registered component"):
         check(settings, paths, [], cfg, problems)

@@ -54,8 +54,8 @@ class AbortConfig:
     """Improvement (nats) that resets patience."""
     grad_spike_z: float = bounded(0.0, ge=0)
     """Trip when the gradient norm is this many standard deviations above its trailing window; 0 is off."""
-    window: int = bounded(50, ge=2)
-    """Trailing steps for grad_spike_z and min_throughput_ratio."""
+    window: int = bounded(50, ge=2, le=10**6)
+    """Trailing steps for grad_spike_z and min_throughput_ratio (at most a million)."""
     min_throughput_ratio: float = bounded(0.0, ge=0, lt=1, example=0.3)
     """Trip when tokens/s falls below this fraction of the trailing window's median (0.3: a 70% drop); 0 is off."""
     max_seconds: float = bounded(0.0, ge=0)

@@ -88,10 +88,10 @@ def run_ladder(cfg: DictConfig, state: ParallelState, run_dir: Path, journal: Jo
 
     Raises GateFailed (exit code 3) naming the first failed gate, its cause and its fix.
     """
-    from currytrain.build import allow_modules, build
+    from currytrain.build import allow_targets, build
     from currytrain.trainer.trainer import build_loggers
 
-    allow_modules(cfg.build.allow)  # user stages live in experiments/ or a build.allow package
+    allow_targets(cfg.build.allow)  # user stages: the project registers them (TARGETS), or the command line allows them
     ladder = build(cfg.check)
     record_group(journal, ladder_group(run_dir))  # the trackers show the sub-runs under this run
     loggers = build_loggers(cfg.logger, run_dir, enabled=state.is_main)

@@ -224,6 +224,41 @@ def build_cache(folder: Path, tokenizer: Any, tokenizer_path: Path, files: list[
     return True
 
 
+CACHE_DTYPES = ("uint16", "uint32")
+
+
+def cache_problem(folder: Path, vocab: int) -> str | None:
+    """Why a token cache folder (or one of its splits) does not hold what its meta.json says, or None. Sizes and
+    shapes only (no pass over the tokens): a file cut short, replaced or edited since the build, a meta.json that
+    is not the one curryTrain wrote, a split that is not a cut of tokens.bin."""
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+    except (OSError, ValueError) as error:
+        return f"meta.json cannot be read ({type(error).__name__})"
+    counts = [meta.get(key) if isinstance(meta, dict) else None for key in ("num_docs", "num_tokens", "vocab_size")]
+    if not isinstance(meta, dict) or meta.get("dtype") not in CACHE_DTYPES or not all(type(n) is int and n >= 0 for n in counts):
+        return "meta.json is not the one curryTrain writes (dtype, num_docs, num_tokens, vocab_size)"
+    num_docs, num_tokens, cached_vocab = counts
+    if cached_vocab != vocab:
+        return f"it was built for a vocabulary of {cached_vocab} tokens, the tokenizer has {vocab}"
+    size = num_tokens * np.dtype(meta["dtype"]).itemsize
+    if not (folder / "tokens.bin").is_file() or (folder / "tokens.bin").stat().st_size != size:
+        return f"tokens.bin is not {size} bytes ({num_tokens} {meta['dtype']} ids)"
+    try:
+        offsets = np.load(folder / "docs.npy", allow_pickle=False)
+    except (OSError, ValueError) as error:
+        return f"docs.npy cannot be read ({' '.join(str(error).split())[:120]})"
+    if offsets.shape != (num_docs, 2) or offsets.dtype.kind not in "iu":
+        return f"docs.npy is not ({num_docs}, 2) integer offsets"
+    if len(offsets) and (offsets.min() < 0 or offsets.max() > num_tokens or bool((offsets[:, 0] > offsets[:, 1]).any())):
+        return f"docs.npy holds offsets outside tokens.bin's {num_tokens} ids"
+    for split in sorted(folder.glob("split-*")):
+        parts = [split / f"{name}.bin" for name in ("train", "val")]
+        if (split / "val.bin").is_file() and (not parts[0].is_file() or sum(p.stat().st_size for p in parts) != size):
+            return f"{split.name}/train.bin and val.bin together are not tokens.bin's {size} bytes"
+    return None
+
+
 def build_split(folder: Path, seed: int, val_fraction: float) -> Path:
     """The train.bin/val.bin of one document split, cut from tokens.bin (no tokenizing)."""
     split = folder / f"split-{seed}-{val_fraction}"
@@ -276,6 +311,11 @@ class TokenizedText(TokenCorpus):
         self.cache = Path(cache_dir).expanduser() / cache_key(tokenizer_path, eos, documents, files, text_field)
         self.built = build_cache(self.cache, tok, tokenizer_path, files, documents, eos, text_field)
         if not self.built:
+            if problem := cache_problem(self.cache, self.vocab_size):
+                raise ConfigError(
+                    f"the token cache {self.cache} (data.cache_dir) is damaged: {problem}. Delete that folder and "
+                    "curryTrain tokenizes data.paths again, or pass another data.cache_dir"
+                )
             log.info("token cache reused: %s", self.cache)
         dtype = json.loads((self.cache / "meta.json").read_text())["dtype"]
         split = build_split(self.cache, seed, val_fraction)

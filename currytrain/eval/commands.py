@@ -160,7 +160,7 @@ def run_eval(location: str, node, *, tokenizer: str | None = None, device: str =
     from currytrain.build import build
     from currytrain.eval.live import LiveModel
     from currytrain.eval.runner import record, write_report
-    from currytrain.eval.source import run_config
+    from currytrain.eval.source import run_config, section
     from currytrain.journal import Journal, current, read_journal
     from currytrain.parallel.state import ParallelState, resolve_device
 
@@ -170,7 +170,7 @@ def run_eval(location: str, node, *, tokenizer: str | None = None, device: str =
     path = Path(location).expanduser()
     config = run_config(path)
     evaluators = build(node)
-    seq_len = ((config or {}).get("data") or {}).get("seq_len") or source.context
+    seq_len = section(config, "data").get("seq_len") or source.context
     context = evaluators.context(seq_len)
     if source.context is not None and context > source.context:
         raise ConfigError(f"eval.seq_len={context} exceeds the model's context (model.max_seq_len={source.context}): pass seq_len={source.context} or less")

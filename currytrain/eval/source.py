@@ -13,13 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from currytrain.data.config import StdlibBytesConfig, TextConfig
 from currytrain.data.tokenizer import find_tokenizer
 from currytrain.errors import ConfigError
 from currytrain.eval.text import Codec, byte_codec, find_folder_tokenizer, tokenizer_codec
-from currytrain.weights import MODEL_YAML, RESOLVED, find_checkpoint, is_complete, model_node_of
+from currytrain.weights import MODEL_YAML, RESOLVED, find_checkpoint, is_complete, model_node_of, read_yaml_mapping
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +43,11 @@ class Source:
 
 
 def run_config(path: Path) -> dict[str, Any] | None:
-    """The resolved config of a run folder or of one of its checkpoint folders, or None (an import folder)."""
+    """The resolved config of a run folder or of one of its checkpoint folders, or None (an import folder). Read
+    as an untrusted file (read_yaml_mapping: bounded work, no aliases or interpolations)."""
     for folder in (path, path.parent.parent):
         if (folder / RESOLVED).is_file():
-            return OmegaConf.to_container(OmegaConf.load(folder / RESOLVED), resolve=True)
+            return read_yaml_mapping(folder / RESOLVED)
     return None
 
 
@@ -89,7 +88,7 @@ def run_codec(config: dict[str, Any], what: str = "the run", fix: str = "pass ev
     problem = codec_problem(config, what, fix)
     if problem:
         raise ConfigError(problem)
-    data = config.get("data", {})
+    data = section(config, "data")
     if data.get("tokenizer"):
         return tokenizer_codec(find_tokenizer(str(data["tokenizer"]))[0], str(data.get("eos_token", "auto")))
     if data.get("_target_") in BYTE_CORPORA:
@@ -99,7 +98,7 @@ def run_codec(config: dict[str, Any], what: str = "the run", fix: str = "pass ev
 
 def codec_problem(config: dict[str, Any], what: str = "the run", fix: str = "pass eval=none") -> str | None:
     """Why a run's text cannot be read (the data is no text and names no tokenizer), or None. Torch-free."""
-    data = config.get("data", {})
+    data = section(config, "data")
     if data.get("tokenizer"):
         _, problem = find_tokenizer(str(data["tokenizer"]))
         return f"{what} reads its text with {problem}" if problem else None
@@ -108,8 +107,14 @@ def codec_problem(config: dict[str, Any], what: str = "the run", fix: str = "pas
     return f"{what} trains on data._target_={data.get('_target_')}, which is not text (no data.tokenizer, not a byte corpus): {fix}"
 
 
+def section(config: dict[str, Any] | None, key: str) -> dict[str, Any]:
+    """config[key] when it is a mapping, else {} (a run folder's resolved.yaml is read as untrusted data)."""
+    value = (config or {}).get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def _init_from(config: dict[str, Any]) -> Path:
-    return Path(str(config.get("trainer", {}).get("init_from", "none"))).expanduser()
+    return Path(str(section(config, "trainer").get("init_from", "none"))).expanduser()
 
 
 def load_source(location: str | Path, tokenizer: str | None = None, device: str = "cpu") -> Source:

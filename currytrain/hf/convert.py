@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -31,7 +32,7 @@ from currytrain.hf.families import FAMILIES, closest_family
 from currytrain.hf.families.base import Family
 from currytrain.hf.finetune import write_finetune_experiment
 from currytrain.hf.hub import resolve_source
-from currytrain.weights import MODEL_YAML, RESOLVED, architecture_mismatch, find_checkpoint, model_node_of, safetensors_problem
+from currytrain.weights import MODEL_YAML, RESOLVED, architecture_mismatch, find_checkpoint, model_node_of, read_yaml_mapping, safetensors_problem
 
 log = logging.getLogger(__name__)
 
@@ -159,13 +160,17 @@ def default_import_folder(source: str) -> Path:
 def import_hf(source: str, out: str | Path | None = None, revision: str | None = None, overwrite: bool = False) -> Path:
     """Convert a HF checkpoint (local folder or Hub id) into an import folder; returns its path."""
     out = Path(out) if out is not None else default_import_folder(source)
-    _check_output(out, overwrite, "--out")  # before any download
+    _check_output(
+        out, overwrite, "--out", source=Path(source).expanduser() if Path(source).expanduser().exists() else None, mark=PROVENANCE
+    )  # before any download
     transformers = _require("transformers")
     folder = resolve_source(source, revision)
     if not (folder / "config.json").is_file():
         raise ConfigError(f"{folder} has no config.json: pass the folder of a Hugging Face checkpoint")
+    refuse_links(folder, ("config.json", "*.safetensors", INDEX) + PASSTHROUGH, within=hub_repo_folder(folder))
     try:
-        hf_config = transformers.AutoConfig.from_pretrained(folder)
+        # Never the folder's own Python (auto_map): transformers would ask to run it, or run it when told to trust it.
+        hf_config = transformers.AutoConfig.from_pretrained(folder, trust_remote_code=False)
     except (ValueError, KeyError, OSError) as error:
         raise ConfigError(f"{folder}/config.json cannot be read by transformers {transformers.__version__}: {error}") from None
     family = _family_of(hf_config)
@@ -209,7 +214,7 @@ def read_model(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor
     folder (its latest complete checkpoint) or one checkpoint folder <run>/checkpoints/step_N."""
     path = Path(path).expanduser()
     if (path / MODEL_YAML).is_file() and (path / WEIGHTS).is_file():
-        node = OmegaConf.to_container(OmegaConf.load(path / MODEL_YAML), resolve=True)
+        node = model_node_of(path)
         safetensors_torch = _require("safetensors.torch")
         _check_safetensors(path / WEIGHTS)
         with _unreadable(path / WEIGHTS):
@@ -236,12 +241,13 @@ def _run_hf_dir(path: Path) -> Path | None:
     resolved = next((p / RESOLVED for p in (path, path.parent.parent) if (p / RESOLVED).is_file()), None)
     if resolved is None:
         return None
-    cfg = OmegaConf.load(resolved)
-    init_from = Path(str(OmegaConf.select(cfg, "trainer.init_from", default="none"))).expanduser()
+    cfg = read_yaml_mapping(resolved)
+    trainer, data = (cfg.get(key) if isinstance(cfg.get(key), dict) else {} for key in ("trainer", "data"))
+    init_from = Path(str(trainer.get("init_from", "none"))).expanduser()
     if (init_from / HF_DIR / "config.json").is_file():
         return init_from / HF_DIR
-    tokenizer = OmegaConf.select(cfg, "data.tokenizer", default=None)
-    if tokenizer:
+    tokenizer = data.get("tokenizer")
+    if isinstance(tokenizer, str) and tokenizer:
         from currytrain.data.tokenizer import find_tokenizer
 
         found, _ = find_tokenizer(str(tokenizer))
@@ -292,7 +298,7 @@ def export_hf(source: str | Path, out: str | Path, dtype: str | None = None, ove
     """Write config.json + model.safetensors (+ generation/tokenizer files of an import) that transformers loads;
     weights above max_shard_size go to model-0000N-of-0000M.safetensors shards with an index."""
     out = Path(out)
-    _check_output(out, overwrite, "OUTDIR")
+    _check_output(out, overwrite, "OUTDIR", source=Path(source).expanduser())
     if dtype is not None and dtype not in DTYPES:
         raise ConfigError(f"--dtype {dtype} is not one of {list(DTYPES)}")
     node, state, hf_dir = read_model(source)
@@ -311,8 +317,15 @@ def write_hf(
 ) -> None:
     """The HF folder of a model node and its state (curryTrain names); hf_dir: an import's original files."""
     transformers = _require("transformers")
+    if hf_dir is not None:
+        refuse_links(hf_dir, ("config.json",) + PASSTHROUGH)
     has_config = hf_dir is not None and (hf_dir / "config.json").is_file()
-    original = json.loads((hf_dir / "config.json").read_text()) if has_config else {}
+    try:
+        original = json.loads((hf_dir / "config.json").read_text()) if has_config else {}
+    except ValueError:
+        original = None
+    if not isinstance(original, dict):
+        raise ConfigError(f"{hf_dir / 'config.json'} is not a JSON mapping (the import folder was changed): import the checkpoint again")
     family, problems = closest_family(node, prefer=(original.get("architectures") or [None])[0])
     if family is None:
         raise ConfigError(f"{what}: {problems[0]}")
@@ -341,6 +354,7 @@ def write_hf(
     with _staging(out) as stage:
         config.save_pretrained(stage)
         _save_sharded(tensors, stage, max_shard_size)
+        (stage / EXPORT_MARK).write_text(json.dumps({"source": what}) + "\n")
         if hf_dir is not None:
             for pattern in PASSTHROUGH:
                 for path in hf_dir.glob(pattern):
@@ -351,11 +365,61 @@ def write_hf(
 # ---------------------------------------------------------------------------------------------- files
 
 
-def _check_output(out: Path, overwrite: bool, flag: str) -> None:
+def hub_repo_folder(folder: Path) -> Path | None:
+    """The repo folder of the HF cache (models--org--name) when `folder` is one of its snapshots, whose files link
+    into the repo's blobs/; None for any other folder."""
+    repo = folder.resolve().parent.parent
+    return repo if folder.resolve().parent.name == "snapshots" and repo.name.startswith("models--") else None
+
+
+def refuse_links(folder: Path, patterns: tuple[str, ...], within: Path | None = None) -> None:
+    """A ConfigError for any file of `folder` matching `patterns` that is a symbolic link (pointing anywhere, it
+    would be read or copied as the folder's own: a tokenizer.json linked to a private key), unless it resolves
+    inside `within` (the HF cache's own links from a snapshot to its blobs)."""
+    for pattern in patterns:
+        for path in sorted(folder.glob(pattern)):
+            if path.is_symlink() and not (within is not None and path.resolve().is_relative_to(within)):
+                raise ConfigError(
+                    f"{path} is a symbolic link (to {os.readlink(path)}): curryTrain reads and copies only a folder's own files; "
+                    "replace the link with the file itself (cp -L), or pass the folder the link points into"
+                )
+
+
+EXPORT_MARK = ".currytrain-export"
+"""Written into every folder `hf export` makes: --overwrite replaces only a folder holding it (or an import folder's
+import.json, for `hf import --overwrite`), never a folder curryTrain did not write."""
+RUN_FOLDER_SIGNS = ("journal.jsonl", RESOLVED, "checkpoints", "optuna.db")
+
+
+def run_folder_inside(folder: Path) -> Path | None:
+    """The first run folder (or sweep folder) at or below `folder`, by what one holds; None if there is none."""
+    for root, dirs, files in os.walk(folder):
+        if any(sign in files or sign in dirs for sign in RUN_FOLDER_SIGNS):
+            return Path(root)
+        dirs[:] = [name for name in dirs if not name.startswith(".")]
+    return None
+
+
+def _check_output(out: Path, overwrite: bool, flag: str, source: Path | None = None, mark: str = EXPORT_MARK) -> None:
+    """Refuse an output folder that would lose data: a file, a folder that is not empty (without --overwrite), and
+    with --overwrite any folder that holds a run or sweep folder, holds the source itself, or was not written by
+    this command (no `mark`)."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{flag} {out} is a file: pass a folder path")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
+    if not (out.is_dir() and any(out.iterdir())):
+        return
+    if not overwrite:
         raise ConfigError(f"{flag} {out} already exists and is not empty: choose another folder or pass --overwrite")
+    resolved = out.resolve()
+    if source is not None and (source.resolve() == resolved or source.resolve().is_relative_to(resolved)):
+        raise ConfigError(f"{flag} {out} holds the source {source}: --overwrite would delete it. Choose an output folder outside it")
+    if (run := run_folder_inside(out)) is not None:
+        raise ConfigError(f"{flag} {out} holds a run folder ({run}): --overwrite never replaces one. Choose another output folder")
+    if not (out / mark).is_file():
+        raise ConfigError(
+            f"{flag} {out} was not written by curryTrain (it has no {mark}): --overwrite replaces only a folder this command made. "
+            "Choose another folder, or remove it yourself"
+        )
 
 
 def _save(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:

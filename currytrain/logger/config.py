@@ -18,8 +18,8 @@ class TensorBoardConfig:
     _target_: str = "currytrain.logger.tensorboard.TensorBoardLogger"
     subdir: str = "tb"
     """Folder inside the run folder for event files."""
-    flush_secs: int = bounded(30, ge=1)
-    """How often the writer flushes to disk (seconds)."""
+    flush_secs: int = bounded(30, ge=1, le=86400)
+    """How often the writer flushes to disk (seconds, at most a day)."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:

@@ -62,14 +62,14 @@ class ParallelConfig:
     optimizer and the precision (32-true, bf16-mixed) and runs the backward; data parallel only (zero_stage 0)."""
     backend: str = "auto"
     """Process-group backend: auto (nccl on CUDA, gloo on CPU), gloo or nccl."""
-    hang_timeout: float = bounded(1800.0, ge=0)
+    hang_timeout: float = bounded(1800.0, ge=0, le=1e7)
     """Seconds without a heartbeat from any worker (parallel.nproc > 1) after which the launcher declares the run
     hung: it journals `worker_hung` naming the rank the others wait for, stops every worker and fails the run.
-    0 turns it off. The default is torch's own collective timeout."""
-    rendezvous_timeout: float = bounded(300.0, gt=0)
+    0 turns it off; at most 1e7 (115 days, within what a timer can wait). The default is torch's own collective timeout."""
+    rendezvous_timeout: float = bounded(300.0, gt=0, le=1e7)
     """Seconds the ranks of a SLURM job (hydra/launcher=slurm, one task per rank) wait for each other at start: a
     master address that cannot be reached, or a rank that never starts, fails the job after this long, naming the
-    address and the ranks seen (instead of torch retrying for half an hour)."""
+    address and the ranks seen (instead of torch retrying for half an hour). At most 1e7."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:

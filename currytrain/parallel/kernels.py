@@ -1,9 +1,9 @@
 """trainer.attention_precision: the dtype the attention kernel runs in under a 16-bit autocast.
 
 On the CPU, torch's fused attention (SDPA's flash kernel) is slower backward in bf16 than in fp32 at short
-sequences: measured on a 2-core AVX-512/AMX Xeon (torch 2.13), forward + backward of one TINY layer's attention
-(4 x 128 tokens, 4 heads of 32) takes 3.6 ms in bf16 and 1.4 ms in fp32, a small layer's (8 x 256, 6 heads of 64)
-24.7 and 14.1 ms, while from 768 tokens on bf16 wins (docs/performance.md). Where the crossover lies depends on the
+sequences: measured on a 2-core AVX-512/AMX Xeon (torch 2.13), forward + backward of a causal GQA attention call on
+16 x 128 tokens takes 22.5 ms in bf16 and 5.0 ms in fp32 (4 heads of 32), 77.3 and 25.9 ms (12 heads of 64), while
+at 1 x 2048 tokens bf16 wins (docs/performance.md, trainer.attention_precision). Where the crossover lies depends on the
 CPU and the shapes, so `auto` times both dtypes at the run's shapes (a few calls, once per shape and process) and
 runs the attention in fp32 where that is clearly faster; fp32 attention is also the more accurate one. On a GPU the
 16-bit kernels win and auto keeps the autocast dtype without timing.

@@ -71,16 +71,19 @@ class Comparison:
     """Every verdict and note as one line, in group order."""
 
 
-def load(locations: list[str]) -> list[Run]:
-    """Every run below every location; all bad locations reported at once."""
+def load(locations: list[str], skipped: list[str] | None = None) -> list[Run]:
+    """Every run below every location; all bad locations reported at once. Below a folder, a run that cannot be
+    read is left out and said in `skipped`, as is each damaged journal line of the runs read."""
     runs, problems = [], []
     for location in locations:
         try:
-            runs += find_runs(location)
+            runs += find_runs(location, skipped)
         except ConfigError as error:
             problems.append(str(error))
     if problems:
         raise ConfigError("\n".join(problems))
+    if skipped is not None:
+        skipped += [f"{run.path / 'journal.jsonl'} {line} (skipped)" for run in runs for line in run.skipped]
     return runs
 
 
@@ -184,13 +187,14 @@ def compare(
         problems.append(f"--test {test}: choose one of {list(TESTS)}")
     if problems:
         raise ConfigError("\n".join(problems))
-    runs = load(locations)
+    skipped: list[str] = []
+    runs = load(locations, skipped)
     direction = direction or metric_direction(runs, metric)
     groups, differs = group_runs(runs, metric)
     check_metric(groups, metric)
     chosen = pick_baseline(groups, baseline)
     found, notes, lines = judge(groups, chosen, direction, alpha, delta, test)
-    result = Comparison(groups, chosen, found, notes, differs, metric, direction, alpha, lines=lines)
+    result = Comparison(groups, chosen, found, notes + skipped, differs, metric, direction, alpha, lines=lines + skipped)
     out = Path(out) if out is not None else default_out(runs)
     out.mkdir(parents=True, exist_ok=True)
     figure = _plot(groups, out / "curves.png")

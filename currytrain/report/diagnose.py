@@ -13,6 +13,7 @@ import statistics
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from currytrain.cluster import slurm
 from currytrain.report.runs import Run, load_run
@@ -24,7 +25,7 @@ KILL_SIGNS = ("SIGKILL", "Signals.SIGKILL", "exitcode: -9", "ChildFailedError", 
 @dataclass
 class Finding:
     cause: str
-    """A short name: nan, oom, killed, stall, divergence, plateau, crash, config_error, aborted, ok."""
+    """A short name: nan, oom, killed, stall, divergence, plateau, crash, config_error, aborted, damaged_journal, ok."""
     summary: str
     fix: str
     step: int | None = None
@@ -46,7 +47,7 @@ def check_config_error(run: Run) -> Finding | None:
     error = run.last("config_error")
     if error is None:
         return None
-    return Finding("config_error", f"the config was rejected while building: {error['message']}", "change the config as the message says, then relaunch")
+    return Finding("config_error", f"the config was rejected while building: {error.get('message')}", "change the config as the message says, then relaunch")
 
 
 def check_oom(run: Run) -> Finding | None:
@@ -91,8 +92,8 @@ def _resume_fix(run: Run) -> str:
 
 
 def check_nan(run: Run) -> Finding | None:
-    bad_steps = [r["step"] for r in run.records if r.get("type") == "metrics" and not math.isfinite(r.get("train/loss", 0.0))]
-    bad_steps += [r["step"] for r in run.records if r.get("type") == "skip_step"]
+    bad_steps = [r["step"] for r in run.records if r.get("type") == "metrics" and "step" in r and not math.isfinite(r.get("train/loss", 0.0))]
+    bad_steps += [r["step"] for r in run.records if r.get("type") == "skip_step" and "step" in r]
     abort = run.last("abort")
     if abort and (match := re.search(r"non-?finite.*?step (\d+)|step (\d+): abort.non_finite", abort.get("message", ""))):
         bad_steps.append(int(match.group(1) or match.group(2)))
@@ -200,6 +201,8 @@ def check_plateau(run: Run) -> Finding | None:
     if len(values) < 4 or not all(math.isfinite(v) for v in values):
         return None
     half = values[len(values) // 2 :]
+    if half[0] == 0:  # nothing left to learn, or a loss that is not a loss: no plateau to name
+        return None
     change = (half[0] - half[-1]) / abs(half[0])
     if abs(change) >= 0.01:  # still improving, or getting worse (check_divergence's)
         return None
@@ -263,23 +266,54 @@ def diagnose(path: str | Path) -> list[Finding]:
     """Every finding for the run at `path`, most severe first; one `ok` finding for a healthy run."""
     run = load_run(Path(path))
     findings = [finding for check in CHECKS if (finding := check(run))]
+    if run.skipped:
+        shown = "; ".join(run.skipped[:5]) + (f"; and {len(run.skipped) - 5} more" if len(run.skipped) > 5 else "")
+        findings.append(
+            Finding(
+                "damaged_journal",
+                f"{len(run.skipped)} line(s) of journal.jsonl are not records and were skipped ({shown})",
+                "nothing to do for the run (a kill or power cut tears a line; the records around it are read); restore the file if it was edited",
+            )
+        )
     if not findings:
         findings.append(Finding("ok", f"the run finished normally at step {_last_step(run)} with val loss {run.final_val_loss:.4f}", "nothing to fix"))
     return findings
+
+
+def checked_run_config(path: Path) -> Any:
+    """A run folder's resolved.yaml, validated as a launch validates its config before anything is built from it: a
+    run folder is not trusted, so its own build.allow is dropped and every _target_ must be a registered component."""
+    from currytrain.errors import ConfigError, format_problems
+    from currytrain.validate import typed_run_config, validate
+    from currytrain.weights import RESOLVED, read_yaml_mapping
+
+    resolved = path / RESOLVED
+    if not resolved.is_file():
+        raise ConfigError(f"{path} has no {RESOLVED}: --anomaly re-runs a run's config, pass the run folder that holds it")
+    data = read_yaml_mapping(resolved)
+    data["build"] = {"allow": []}  # what a run folder allows is not the reader's to trust
+    cfg, problems = typed_run_config(data)
+    if not problems:
+        try:
+            problems = validate(cfg)
+        except Exception as error:  # a file of the wrong shape trips a check: refused, as is any problem
+            problems = [f"it cannot be validated ({type(error).__name__}: {error})"]
+    if problems:
+        raise ConfigError(f"--anomaly does not re-run {resolved}:\n" + format_problems(problems))
+    return cfg
 
 
 def find_first_nan_module(path: str | Path, max_steps: int) -> tuple[int, str] | None:
     """Re-run the run's config for up to max_steps with forward hooks: (step, module) of the first module
     whose output was not finite, or None if every output stayed finite."""
     import torch
-    from omegaconf import OmegaConf
 
     from currytrain.components import build_components
     from currytrain.parallel.state import ParallelState
     from currytrain.trainer.step import run_accumulated_step
 
     warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")  # skipped steps are the point here
-    cfg = OmegaConf.load(Path(path) / "resolved.yaml")
+    cfg = checked_run_config(Path(path))
     parts = build_components(cfg, ParallelState())
     found: list[str] = []
 

@@ -165,13 +165,13 @@ def search_space(settings: Mapping[str, Any], arguments: Sequence[str], config: 
 
 def _custom_space_problems(settings: Mapping[str, Any], where: str, config: DictConfig) -> list[str]:
     """A plain app's function may live anywhere it can import (as with hydra-optuna-sweeper); a curryTrain
-    run's config calls nothing outside build()'s allow-list (currytrain, experiments/, build.allow)."""
+    run's config calls only registered functions (currytrain.build: the project's TARGETS, or build.allow)."""
     from currytrain.build import target_problem
 
     path = settings["custom_search_space"]
     if not settings.get("plain_task") and isinstance(path, str) and path:
         allowed = OmegaConf.select(config, "build.allow", default=None) or []
-        if problem := target_problem(path, extra=[str(module) for module in allowed]):
+        if problem := target_problem(path, extra=[str(name) for name in allowed]):
             return [f"{where}={problem}"]
     _, problem = custom_space(path, where)
     return [problem] if problem else []
@@ -254,7 +254,7 @@ class SweepLoop:
         exactly n_trials; each reseeds its sampler apart from the others'."""
         import optuna
 
-        from currytrain.sweep.study import SweepSpec, claiming, default_storage, join, open_storage, recover_interrupted
+        from currytrain.sweep.study import SweepSpec, claiming, default_storage, join, open_storage, recover_interrupted, sampler_state_problem
 
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         self.uri = uri = self.settings["storage"] or default_storage(self.sweep_dir)
@@ -262,6 +262,11 @@ class SweepLoop:
         with claiming(uri):
             study = optuna.create_study(study_name=name, storage=open_storage(uri), directions=self.directions, load_if_exists=True)
             self._check_resumable(study, uri)
+            if problem := sampler_state_problem(study):
+                raise ConfigError(
+                    f"the study {name} in {uri} holds sampler state curryTrain does not unpickle: {problem}. A study's storage can be "
+                    "written by anyone who shares it: pass sweep.study_name=<new name> or hydra.sweep.dir=<another folder> to start a new study"
+                )
             study.sampler = self._sampler(len(study.trials), join(study))
             pruner = None if no_pruner(self.settings["pruner"]) else self.settings["pruner"]
             spec = SweepSpec(name, uri, self.directions, self.objectives, pruner)

@@ -13,6 +13,7 @@ import datetime as dt
 import json
 import math
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,6 +127,55 @@ def open_storage(uri: str) -> Any:
         return optuna.storages.JournalStorage(JournalFileBackend(uri.removeprefix("journal://")))
     engine = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if uri.startswith("sqlite") else {}
     return optuna.storages.RDBStorage(uri, engine_kwargs=engine)
+
+
+SAMPLER_STATE = re.compile(r"^(?P<prefix>.+):optimizer:(?P<index>\d+)$")
+"""The trial system attributes in which Optuna's CmaEsSampler keeps its optimizer, pickled and hex-encoded in pieces
+(cma:optimizer:0, cma:optimizer:1, ...); it unpickles them with plain pickle when it next samples."""
+
+
+def sampler_state_allowed() -> dict[tuple[str, str], Any]:
+    """The exact globals the pickled state of a CMA-ES optimizer holds: the cmaes classes and numpy arrays."""
+    import numpy
+
+    allowed: dict[tuple[str, str], Any] = {("numpy", "dtype"): numpy.dtype, ("numpy", "ndarray"): numpy.ndarray}
+    from numpy._core import multiarray  # numpy 2's home of the array reconstruction (numpy.core is its old name)
+
+    for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
+        allowed[(module, "_reconstruct")] = multiarray._reconstruct
+        allowed[(module, "scalar")] = multiarray.scalar
+    try:
+        import cmaes
+    except ImportError:
+        return allowed
+    for module, name in (("cmaes._cma", "CMA"), ("cmaes._sepcma", "SepCMA"), ("cmaes._cmawm", "CMAwM")):
+        if hasattr(cmaes, name):
+            allowed[(module, name)] = getattr(cmaes, name)
+    return allowed
+
+
+def sampler_state_problem(study: Any) -> str | None:
+    """Why the study's stored sampler state must not be unpickled (it names something a CMA-ES optimizer never
+    holds: a storage crafted to run code), or None. Checked before the sampler can read it: a study's storage is
+    not trusted (it may be shared, or copied from elsewhere)."""
+    from currytrain.safepickle import UnsafePickle, safe_loads
+
+    allowed = sampler_state_allowed()
+    for trial in study.get_trials(deepcopy=False):
+        pieces: dict[str, dict[int, Any]] = {}
+        for key, value in trial.system_attrs.items():
+            if match := SAMPLER_STATE.match(str(key)):
+                pieces.setdefault(match["prefix"], {})[int(match["index"])] = value
+        for prefix, parts in pieces.items():
+            where = f"trial {trial.number}'s system attribute {prefix}:optimizer"
+            try:
+                text = "".join(str(parts[index]) for index in range(len(parts)))
+                safe_loads(bytes.fromhex(text), allowed, what=where)
+            except (KeyError, ValueError) as error:
+                return f"{where} is not the pieces of a hex-encoded pickle ({error})"
+            except UnsafePickle as error:
+                return str(error)
+    return None
 
 
 @dataclass(frozen=True)

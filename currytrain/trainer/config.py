@@ -26,18 +26,20 @@ ATTENTION_PRECISIONS = ("auto", "autocast", "fp32")
 
 @dataclass
 class TrainerConfig:
-    max_steps: int = bounded(1200, ge=1)
-    """Optimizer steps to run."""
+    max_steps: int = bounded(1200, ge=1, le=2**53)
+    """Optimizer steps to run (at most 2**53: every step count stays exact where it meets a float)."""
     batch_size: int = bounded(8, ge=1)
     """Sequences per microbatch, all data-parallel ranks together (each rank gets batch_size / dp ranks)."""
-    grad_accum: int = bounded(1, ge=1)
-    """Microbatches per optimizer step; the step's loss is over the scored targets of all of them (docs/training.md)."""
+    grad_accum: int = bounded(1, ge=1, le=65536)
+    """Microbatches per optimizer step; the step's loss is over the scored targets of all of them (docs/training.md).
+    At most 65536: a step must end (a signal is answered between steps), and a larger batch is a larger
+    trainer.batch_size."""
     grad_clip: float = bounded(1.0, ge=0)
     """Max global gradient L2 norm; 0 disables clipping."""
     eval_every: int = bounded(400, ge=1)
     """Evaluate on the val split every this many steps (and always at the end)."""
-    eval_batches: int = bounded(40, ge=1)
-    """Val batches per evaluation (40 of the default 8 sequences: 320 windows, a val loss steady to about 0.02)."""
+    eval_batches: int = bounded(40, ge=1, le=65536)
+    """Val batches per evaluation (40 of the default 8 sequences: 320 windows, a val loss steady to about 0.02); at most 65536."""
     log_every: int = bounded(10, ge=1)
     """Send train metrics to the loggers every this many steps."""
     checkpoint_every: int = bounded(0, ge=0)

@@ -49,9 +49,12 @@ def read_heartbeats(run_dir: Path) -> dict[int, dict[str, Any]]:
     for path in (Path(run_dir) / "workers").glob("rank_*.heartbeat"):
         try:
             beat = json.loads(path.read_text())
-            beats[int(path.stem.split("_")[1])] = beat
-        except (ValueError, OSError):
+            rank = int(path.stem.split("_")[1])
+        except (ValueError, OSError, IndexError):
             continue
+        step = beat.get("step") if isinstance(beat, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool) and beat.get("phase") in PHASES:  # else a damaged file: left out
+            beats[rank] = beat
     return beats
 
 

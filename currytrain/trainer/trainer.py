@@ -453,11 +453,16 @@ class Trainer:
         if path is None:
             if checkpoint_candidates(location):
                 raise ConfigError(
-                    f"trainer.resume={self.cfg.resume}: no checkpoint in {location} passes its checksums (the journal's checkpoint_corrupt "
+                    f"trainer.resume={self.cfg.resume}: no checkpoint in {location} passes its checksums and content checks (the journal's checkpoint_corrupt "
                     "events say why): restore them from a copy, or move them aside and start over in a new run folder"
                 )
             if self.cfg.resume == "auto":
                 log.info("trainer.resume=auto: no complete checkpoint in %s, starting fresh", self.run_dir)
+                earlier = read_journal(self.journal.path) if self.journal.path.is_file() else []
+                if any(record.get("type") in ("metrics", "eval") for record in earlier):
+                    # an earlier attempt in this folder logged steps: this run replaces them, in the trackers and the readers
+                    self.journal.event("restart", step=0, reason="no checkpoint to resume: the run starts again from step 0")
+                    self.loggers.restarted(0)
                 return False
             # validation catches this first; a folder emptied since is caught here
             raise ConfigError(f"trainer.resume={self.cfg.resume} holds no complete checkpoint: pass trainer.resume=auto or a checkpoint folder")

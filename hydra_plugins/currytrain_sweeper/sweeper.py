@@ -34,13 +34,17 @@ class CurryTrainSweeper(Sweeper):
     def sweep(self, arguments: list[str]) -> None:
         """Run the study; a config error (every problem at once, or a task whose returns do not match the
         directions) prints its message and exits 2, in a plain Hydra app as in curryTrain's."""
-        from currytrain.errors import EXIT_CONFIG_ERROR, ConfigError
+        from currytrain.errors import EXIT_CONFIG_ERROR, ConfigError, Crashed, Outcome
 
         try:
             self._sweep(arguments)
         except ConfigError as error:
             print(error, file=sys.stderr)
             sys.exit(EXIT_CONFIG_ERROR)
+        except Outcome:
+            raise
+        except Exception as error:  # a bug of the sweeper: exit 1 with its traceback, not Hydra's 1 that reads as a config error
+            raise Crashed(error, "the sweeper") from error
 
     def _sweep(self, arguments: list[str]) -> None:
         check_optuna()

@@ -7,8 +7,15 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
-RUN = ("data.max_bytes=300000", "trainer.max_steps=8", "trainer.checkpoint_every=2", "trainer.keep_last=4", "logger=[jsonl]", "build.allow=[tests]")
-"""8 TINY steps, checkpoints every 2 steps, evaluations every 3; build.allow lets the fault components in."""
+RUN = (
+    "data.max_bytes=300000",
+    "trainer.max_steps=8",
+    "trainer.checkpoint_every=2",
+    "trainer.keep_last=4",
+    "logger=[jsonl]",
+    "build.allow=[tests.faulty.DiskFiller,tests.faulty.ReadOnlyAfter,tests.faulty.Killer,tests.faulty.SlowLogger]",
+)
+"""8 TINY steps, checkpoints every 2 steps, evaluations every 3; build.allow lets the fault components in (by their exact names)."""
 
 
 def weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:

@@ -99,7 +99,7 @@ def test_four_sweepers_at_once_on_a_journal_file_storage_run_exactly_n_trials(tm
 def test_four_sweepers_at_once_on_sqlite_one_killed_mid_trial_and_a_restart_complete_the_study(tmp_path):
     sweep_dir = tmp_path / "sweep"
     uri, _ = storage_of(sweep_dir, "sqlite")
-    slow = ("build.allow=[tests]", "+logger.slow={_target_:tests.faulty.SlowLogger,seconds:0.25}", "sweep.on_interrupted=requeue")
+    slow = ("build.allow=[tests.faulty.SlowLogger]", "+logger.slow={_target_:tests.faulty.SlowLogger,seconds:0.25}", "sweep.on_interrupted=requeue")
     # The victim's trials log slower still (the same config: a study refuses a sweeper whose overrides differ): after
     # the first metrics the poll sees, 5 more logs of 2 s each stand between it and the trial's end, however long the
     # poll waits for the storage's lock under load (at 0.25 s a log, a loaded make test once saw the victim's trial

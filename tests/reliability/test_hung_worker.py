@@ -23,7 +23,7 @@ def test_a_hung_rank_stops_the_run_and_is_named_by_its_heartbeat(tmp_path, recor
     the run; diagnose names rank 1 from the per-rank heartbeats."""
     from currytrain.trainer.heartbeat import read_heartbeats
 
-    hang = ["data._target_=tests.faulty.HangingBytes", "data.max_bytes=400000", "build.allow=[tests]"]  # rank 1 hangs at step 4
+    hang = ["data._target_=tests.faulty.HangingBytes", "data.max_bytes=400000", "build.allow=[tests.faulty.HangingBytes]"]  # rank 1 hangs at step 4
     args = [
         sys.executable,
         str(ROOT / "launch.py"),

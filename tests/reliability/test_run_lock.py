@@ -20,7 +20,7 @@ from currytrain.cli import main as cli
 from currytrain.errors import ConfigError
 from currytrain.journal import read_journal
 
-SLOW = ("logger=[jsonl]", "build.allow=[tests]", "+logger.slow={_target_:tests.faulty.SlowLogger,seconds:0.4}", "trainer.max_steps=12")
+SLOW = ("logger=[jsonl]", "build.allow=[tests.faulty.SlowLogger]", "+logger.slow={_target_:tests.faulty.SlowLogger,seconds:0.4}", "trainer.max_steps=12")
 """A run of about 5 s after its start-up: long enough for a second process to arrive while it holds the folder."""
 
 
@@ -90,7 +90,11 @@ def test_a_held_folder_refuses_a_resume_and_still_serves_its_readers(tmp_path, c
 def test_a_killed_runs_lock_is_taken_over_by_its_resume_with_a_journal_line(tmp_path):
     run_dir = tmp_path / "run"
     killed = popen_launch(
-        "logger=[jsonl]", "build.allow=[tests]", "+logger.kill={_target_:tests.faulty.Killer,at:3}", "trainer.checkpoint_every=2", f"hydra.run.dir={run_dir}"
+        "logger=[jsonl]",
+        "build.allow=[tests.faulty.Killer]",
+        "+logger.kill={_target_:tests.faulty.Killer,at:3}",
+        "trainer.checkpoint_every=2",
+        f"hydra.run.dir={run_dir}",
     )
     assert killed.wait(timeout=300) == -signal.SIGKILL
     killed.communicate()

@@ -101,3 +101,23 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+@pytest.mark.reliability(
+    fault="SIGTERM while the run starts (before its training loop)", protection="the start-up answers SIGTERM: journaled as interrupted, exit 143"
+)
+def test_a_sigterm_while_the_run_starts_is_journaled_and_exits_143(tmp_path, record_property):
+    run_dir = tmp_path / "run"
+    slow = ("build.allow=[tests.faulty.SlowStart]", "+logger.slow={_target_:tests.faulty.SlowStart,seconds:120}")
+    args = [sys.executable, str(ROOT / "launch.py"), *TINY, *slow, "logger=[jsonl]", f"hydra.run.dir={run_dir}"]
+    process = subprocess.Popen(args, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not (run_dir / "starting").exists():
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "stopped by SIGTERM" in stderr and "Traceback" not in stderr, stderr[-3000:]
+    assert _journal(run_dir)[-1] | {"time": None} == {"type": "interrupted", "time": None, "signal": "SIGTERM", "checkpoint": None}
+    record_property("data_lost", 0)

@@ -75,5 +75,5 @@ def test_the_hf_bridge_refuses_a_run_folder_whose_model_target_is_outside_the_al
     out = tmp_path / "hf"
     result = subprocess.run([sys.executable, "-m", "currytrain.cli", "hf", "export", str(run_dir), str(out)], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 2, result.stderr[-3000:]
-    assert "_target_=os.system is outside the allowed modules" in result.stderr and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "_target_=os.system is not a registered component" in result.stderr and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert not victim.exists() and not out.exists()
