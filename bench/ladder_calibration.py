@@ -269,10 +269,13 @@ def zoo_model_config(cfg, **node):
     """`cfg` resolved, its model node replaced by tests/public_zoo.py's GPT with `node` (what sub-runs build)."""
     from omegaconf import OmegaConf
 
+    from currytrain.build import allow_targets
+
     OmegaConf.resolve(cfg)
     OmegaConf.set_struct(cfg, False)
     cfg.model = OmegaConf.create({"_target_": "tests.public_zoo.GPT", "ac": "none", "ac_policy": "block", "ac_every": 2, **node})
-    cfg.build.allow = ["tests"]
+    cfg.build.allow = ["tests.public_zoo.GPT"]
+    allow_targets(cfg.build.allow)  # what build.allow=[tests.public_zoo.GPT] on a command line does in its process
     return cfg
 
 
