@@ -106,6 +106,13 @@ def test_fuzzed_journal_lines_are_read_or_skipped_never_raised(lines, tmp_path_f
     assert not isinstance(findings, BaseException) or isinstance(findings, ConfigError), findings
 
 
+def test_a_start_record_without_its_time_is_drawn_in_the_timeline(tmp_path):
+    """Found by the fuzz above: a header or launch line with no time stopped `currytrain journal` with a KeyError."""
+    (tmp_path / "journal.jsonl").write_text('{"type": "header", "seed": 1}\n{"type": "launch"}\n{"type": "finish", "step": 3}\n')
+    lines = timeline(read_journal(tmp_path / "journal.jsonl"))
+    assert len(lines) == 3 and "header" in lines[0] and "seed 1" in lines[0] and "finish" in lines[2], lines
+
+
 YAML_TEXT = st.one_of(
     JSON.map(lambda tree: json.dumps({"model": tree, "seed": 0})),
     st.text(alphabet=string.printable, max_size=80),
