@@ -59,6 +59,7 @@ COMPONENTS = (
     "currytrain.check.mup.MupCheck",
     "currytrain.check.preflight.Preflight",
     "currytrain.check.probe_tasks.Probe",
+    "currytrain.check.resume.Resume",
     "currytrain.check.sanity.Sanity",
     "currytrain.check.scaling.Scaling",
     "currytrain.check.seeds.Seeds",

@@ -13,6 +13,7 @@
     currytrain advise [RUN] [overrides] [--gpus N]   per-rank memory and traffic of parallel layouts
     currytrain generate RUN --prompt TEXT    text from a run's latest checkpoint or an import (KV cache, streamed)
     currytrain eval RUN [tasks=[...]]        the eval group's evaluators on a run's checkpoint or an import
+    currytrain data prepare|verify [overrides]   tokenize a corpus once before the runs | check its cache in full
 
 Run inside a project (`currytrain init`), each command sees it as its launch.py does: its conf/ (experiment=NAME)
 and its experiments package (currytrain.conf.enter_app). RUN: a run folder, whose resolved.yaml replaces composing.
@@ -263,6 +264,31 @@ def _estimate(args: argparse.Namespace) -> None:
     print(json.dumps(estimate.as_dict(), indent=2) if args.json else estimate.describe())
 
 
+def _data(args: argparse.Namespace) -> None:
+    from omegaconf import OmegaConf
+
+    from currytrain.config import compose_config
+    from currytrain.data.sources import prepare_data, verify_data
+    from currytrain.validate import check_tree, raise_on_problems, unreadable_values
+
+    cfg = compose_config(args.overrides)
+    raise_on_problems(unreadable_values(cfg.data, "data") or check_tree(cfg.data, "data"))  # the model's sizes do not matter here
+    fields = OmegaConf.to_container(cfg.data, resolve=True)
+    print("\n".join((prepare_data if args.action == "prepare" else verify_data)(fields)))
+
+
+def _add_data(commands: argparse._SubParsersAction) -> None:
+    data = commands.add_parser("data", help="prepare a corpus's token cache once, before the runs, or verify it (docs/data.md)")
+    actions = data.add_subparsers(dest="action", required=True, metavar="{prepare,verify}")
+    for action, text in (
+        ("prepare", "tokenize data.paths (or data.sources) into the token cache, resuming a killed preparation, mending a damaged cache"),
+        ("verify", "check every shard's checksum and hash every input byte against the cache's records (exit 2 on a problem)"),
+    ):
+        parser = actions.add_parser(action, help=text)
+        parser.add_argument("overrides", nargs="*", help="launch.py overrides, e.g. data=tokens data.tokenizer=runs/tok data.paths=[corpus/]")
+        parser.set_defaults(handler=_data)
+
+
 def _add_estimate(commands: argparse._SubParsersAction) -> None:
     estimate = commands.add_parser("estimate", help="FLOPs, time, device-hours and money of a run before it runs")
     estimate.add_argument("overrides", nargs="*", help="launch.py overrides, e.g. model/size=small cost.num_devices=8; or a run folder first")
@@ -401,6 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_estimate(commands)
     _add_generate(commands)
     _add_eval(commands)
+    _add_data(commands)
     return parser
 
 

@@ -19,7 +19,19 @@ from omegaconf import DictConfig
 from currytrain.build import allow_targets, build
 from currytrain.errors import ConfigError
 from currytrain.model import build_model
-from currytrain.model.protocol import ForwardLoss, LossFn, LossSum, TaskLoss, data_ignore_index, default_loss, model_loss, own_loss, task_loss, token_loss_sum
+from currytrain.model.protocol import (
+    ForwardLoss,
+    LossFn,
+    LossSum,
+    TaskLoss,
+    apply_document_boundaries,
+    data_ignore_index,
+    default_loss,
+    model_loss,
+    own_loss,
+    task_loss,
+    token_loss_sum,
+)
 from currytrain.optim.builders import build_scheduler
 from currytrain.parallel.compile import compile_forward_loss, compile_loss, compiles_whole
 from currytrain.parallel.float8 import FLOAT8_MULTIPLE, float8_linears
@@ -101,6 +113,7 @@ def build_components(cfg: DictConfig, state: ParallelState, data: Any = None, mo
     whole = compile and compiles_whole(state)
     per_block = compile and not whole
     model = build_model(cfg.model) if model is None else model
+    apply_document_boundaries(model, data)  # before parallelizing: the wrappers keep the module's own forward
     if cfg.trainer.precision == "fp8" and not float8_linears(model):
         raise ConfigError(
             f"trainer.precision=fp8 found no linear layer in model.layers whose sizes are multiples of {FLOAT8_MULTIPLE} "

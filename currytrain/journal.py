@@ -277,7 +277,7 @@ def timeline(records: list[dict]) -> list[str]:
             start = when
             git = f"git {str(record.get('git_sha'))[:10]}{' (dirty)' if record.get('git_dirty') else ''}"
             lines.append(
-                f"{record['time'][:19]}  {kind:<9} seed {record.get('seed')}, {git}, world {record.get('world_size')}, overrides {record.get('overrides')}"
+                f"{str(record.get('time', '?'))[:19]:<19}  {kind:<9} seed {record.get('seed')}, {git}, world {record.get('world_size')}, overrides {record.get('overrides')}"
             )
             continue
         offset = f"+{(when - start).total_seconds():.1f}s" if when and start else ""

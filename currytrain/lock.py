@@ -183,8 +183,8 @@ class RunLock:
     """A held run folder. release() (or leaving the `with` block) gives it up; nested acquires of the same
     folder by the same process share it."""
 
-    def __init__(self, run_dir: Path, fd: int, took_over: dict[str, Any] | None):
-        self.run_dir, self.path, self.fd = run_dir, run_dir / LOCK_FILE, fd
+    def __init__(self, run_dir: Path, fd: int, took_over: dict[str, Any] | None, path: Path | None = None):
+        self.run_dir, self.path, self.fd = run_dir, path or run_dir / LOCK_FILE, fd
         self.took_over = took_over
         """The stale holder and why it was taken over (the caller journals it), or None."""
         self.holder = me()
@@ -260,6 +260,25 @@ def acquire(run_dir: str | Path) -> RunLock:
     lock = RunLock(run_dir, fd, took_over)
     _HELD[path.resolve()] = lock
     return lock
+
+
+def try_hold(path: Path) -> RunLock | Holder | None:
+    """Hold the lock file `path` now (a dead holder's is taken over), or return who holds it: its Holder, or None
+    while the holder is still writing its description. For what one process does for many at once (a token
+    cache being prepared: currytrain/data/prepare.py); a run folder's lock is acquire()'s."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        flocked = _try_flock(fd)
+        holder = _read_holder(path)
+        reason = stale_reason(holder, flocked) if holder is not None and flocked is not False else None
+        if flocked is False or (holder is not None and reason is None):
+            os.close(fd)  # closing drops a flock this fd took
+            return holder
+    except BaseException:
+        os.close(fd)
+        raise
+    return RunLock(path.parent, fd, {"previous": asdict(holder), "reason": reason} if holder else None, path=path)
 
 
 def held_by_another(run_dir: str | Path) -> str | None:

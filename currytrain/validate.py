@@ -26,7 +26,7 @@ from currytrain.data.config import DigitsConfig, ProbeConfig, TabularConfig
 from currytrain.errors import ConfigError, ConfigRejected, ValidationCrashed, format_problems
 from currytrain.eval.config import EvalConfig
 from currytrain.lock import acquire, held_by_another, holding
-from currytrain.model.config import DecoderConfig, GQAConfig, MLPConfig, MoEConfig
+from currytrain.model.config import DecoderConfig, GQAConfig, MLPConfig, MoEConfig, RopeDecoderConfig
 from currytrain.optim.config import AdamWConfig
 from currytrain.parallel.config import ParallelConfig
 from currytrain.parallel.dims import ParallelDims, launched_world_size
@@ -572,8 +572,26 @@ def _check_eval(cfg: DictConfig) -> list[str]:
 PARALLEL_CHECKS = (_check_batch_split, _check_tensor_parallel, _check_expert_parallel, _check_context_parallel, _check_pipeline_parallel)
 """The rules that tie the parallel degrees to the model, the data and the trainer."""
 
+
+def _check_documents(cfg: DictConfig) -> list[str]:
+    """data.restart_positions / data.mask_documents need a RoPE decoder that sees whole windows: no context
+    parallelism (a rank holds a slice of each window) and no pipeline (later stages do not see the tokens)."""
+    data = cfg.data
+    wanted = [key for key in ("restart_positions", "mask_documents") if data.get(key, False)]
+    if not wanted:
+        return []
+    problems, flags = [], " and ".join(f"data.{key}=true" for key in wanted)
+    if not _is(cfg.model, RopeDecoderConfig):
+        problems.append(f"{flags} needs a RoPE decoder (model=gqa or model=moe), but model builds {cfg.model._target_}: pass {wanted[0]}=false")
+    for axis in ("cp", "pp"):
+        if cfg.parallel.get(axis, 1) > 1:
+            problems.append(f"{flags} cannot go with parallel.{axis}={cfg.parallel[axis]} (a rank would not see whole windows): pass parallel.{axis}=1")
+    return problems
+
+
 CROSS_GROUP_CHECKS = (
     _check_model_and_data,
+    _check_documents,
     _check_schedule,
     _check_init_from,
     _check_rollback,

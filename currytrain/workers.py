@@ -247,10 +247,22 @@ def worker_entry(entry: WorkerEntry, resolved_path: str) -> float:
     # collective for the dead peer: the default action ends it there (a Python handler would wait).
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     print(f"curryTrain worker rank {rank} pid {os.getpid()}", flush=True)
+    _log_to_stderr()
     try:
         return entry(Path(resolved_path))  # run_worker journals how the run ended (rank 0)
     except BaseException as error:
         _leave(error, Path(resolved_path).parent / WORKERS_DIR / f"rank_{rank}.outcome.json")
+
+
+def _log_to_stderr() -> None:
+    """curryTrain's messages on this worker's stderr (workers/rank_<r>.stderr, which the launcher shows), as a
+    one-process run logs them; the ranks after the first say only what is wrong (one console)."""
+    logger = logging.getLogger("currytrain")
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO if int(os.environ.get("RANK", "0")) == 0 else logging.WARNING)
 
 
 def _leave(error: BaseException, outcome_file: Path) -> None:

@@ -46,8 +46,8 @@ def dropout_in_eval_mode(parts: Components) -> None:
 class LeakyCorpus(TokenCorpus):
     """An off-by-one in the batching: the inputs are the targets themselves."""
 
-    def batch(self, split, step, micro, batch_size, rank=0):
-        _, targets = super().batch(split, step, micro, batch_size, rank)
+    def batch(self, split, step, micro, batch_size, rank=0, num_ranks=1):
+        _, targets = super().batch(split, step, micro, batch_size, rank, num_ranks)
         return targets.clone(), targets
 
 

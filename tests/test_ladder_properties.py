@@ -89,7 +89,7 @@ def test_the_issues_non_monotone_losses_fit_where_the_bootstrap_once_crashed():
 @pytest.mark.slow
 def test_scaling_assessment_answers_with_findings(fitted, held, std, dof):
     sizes = [40_000, 80_000, 140_000, 290_000]
-    findings, _ = scaling_findings(sizes, fitted, "dim_96", 500_000, held, Noise(std, dof, "test"), bootstrap=5, target_params=10**7)
+    findings, _ = scaling_findings(sizes, fitted, "dim_96", 500_000, held, Noise(std, dof, "test"), bootstrap=5, target_params=10**7, chance=5.545)
     _is_findings(findings)
 
 
@@ -118,7 +118,7 @@ def test_seeds_assessment_answers_with_a_finding(runs, max_std, chance):
 def test_capacity_assessment_answers_with_a_finding(values, min_gain):
     runs = [_run(f"m{i}", v) for i, v in enumerate(values)]
     assert 0 <= saturation(runs, min_gain) < len(runs)
-    _is_findings([capacity_finding([Shape(8 * (i + 1), 2, 1000 * (i + 1), 10) for i in range(len(runs))], runs, min_gain)])
+    _is_findings([capacity_finding([Shape(8 * (i + 1), 2, 1000 * (i + 1), 10) for i in range(len(runs))], runs, min_gain, 5.545)])
 
 
 @SETTINGS
@@ -126,7 +126,7 @@ def test_capacity_assessment_answers_with_a_finding(values, min_gain):
 def test_lr_range_assessment_answers_with_a_finding(values, diverged):
     lrs = [1e-5 * 1.2**i for i in range(len(values))]
     sweep = Sweep(lrs, list(values), list(values), diverged)
-    _is_findings([range_finding(sweep, "steepest", 10.0, 0.1), range_finding(sweep, "min_loss", 10.0, 0.1)])
+    _is_findings([range_finding(sweep, "steepest", 10.0, 0.1), range_finding(sweep, "min_loss", 10.0, 0.1, True, 5.545)])
     _is_findings([configured_finding(3e-3, lrs[0] if lrs else 1e-3, 3.0)])
 
 
@@ -154,7 +154,11 @@ def test_probe_assessment_answers_with_a_finding(scores, gate):
 def test_ablation_assessment_answers_with_a_finding(base, idea):
     n = min(len(base), len(idea))
     _is_findings(
-        [ablation_finding(["optimizer.lr=0.01"], [_run(f"b{i}", v) for i, v in enumerate(base[:n])], [_run(f"i{i}", v) for i, v in enumerate(idea[:n])], 60.0)]
+        [
+            ablation_finding(
+                ["optimizer.lr=0.01"], [_run(f"b{i}", v) for i, v in enumerate(base[:n])], [_run(f"i{i}", v) for i, v in enumerate(idea[:n])], 60.0, 5.545
+            )
+        ]
     )
 
 

@@ -248,3 +248,11 @@ def test_sweep_report_says_whether_the_best_config_is_distinguishable_from_the_r
     assert "optimizer.lr=0.01 is better than optimizer.lr=0.003: -0.0200" in paired and "paired t, 3 paired seeds" in paired, paired
     noisy = {(0.01, s): v for s, v in enumerate([2.90, 3.05, 2.95])} | {(0.003, s): v for s, v in enumerate([2.96, 2.93, 3.05])}
     assert "optimizer.lr=0.01 vs optimizer.lr=0.003: inconclusive" in best_vs_runner_up(_study(noisy), "val_loss")
+
+
+def test_a_run_that_ends_at_chance_is_diagnosed_as_such(compose_cfg, tmp_path, one_thread):
+    """A run whose weights never move (lr 0: a fine-tune that trains nothing) ends at ln(vocab): named, not "ok"."""
+    cfg = OmegaConf.load(write_run_record(compose_cfg("optimizer.lr=0", "data.max_bytes=300000"), tmp_path, [], tmp_path))
+    Trainer(cfg, tmp_path).train()
+    (finding,) = diagnose(tmp_path)
+    assert finding.cause == "chance" and "ln(256) = 5.5452" in finding.summary and "check=sanity" in finding.fix, finding

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import statistics
 
+from currytrain.check.budget import scaled, steps_text
+from currytrain.check.probes import at_chance, data_chance
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
-from currytrain.check.subruns import SubRun, arm_config, budget_overrides, run_seeds
+from currytrain.check.subruns import SubRun, arm_config, budget_overrides, run_seeds, shared_data
 from currytrain.components import Components
 from currytrain.stats import BETTER, WORSE, Verdict, decide
 
@@ -38,7 +40,7 @@ def _mean(values: list[float]) -> float:
     return sum(value / len(values) for value in values)
 
 
-def ablation_finding(idea: list[str], base: list[SubRun], arm: list[SubRun], full_seconds: float) -> Finding:
+def ablation_finding(idea: list[str], base: list[SubRun], arm: list[SubRun], full_seconds: float, chance: float | None = None) -> Finding:
     expected = "the idea lowers the final val loss beyond seed noise (paired t over the shared seeds, p < 0.05)"
     unfinished = [run.name for run in base + arm if not run.finished]
     if unfinished:
@@ -55,6 +57,15 @@ def ablation_finding(idea: list[str], base: list[SubRun], arm: list[SubRun], ful
     observed = (
         f"{' '.join(idea)}: {found.word}, {found.numbers} (idea {_mean(b):.4f} vs baseline {_mean(a):.4f}); a full run costs ~{full_seconds / 60:.1f} min here"
     )
+    if at_chance(_mean(a), chance) and at_chance(_mean(b), chance):
+        return Finding(
+            "ablation",
+            Status.WARNING,
+            observed + f"; chance ln C = {chance:.3f}",
+            expected,
+            "neither arm leaves chance at this budget: the comparison is between two untrained models and says nothing about the idea",
+            "raise check.stages.ablation.max_steps, or check the lr (check=lr_range)",
+        )
     if found.word == WORSE:
         return Finding("ablation", Status.FAILED, observed, expected, "the idea is worse than the baseline at this budget", "drop or rethink the idea")
     if found.word == BETTER:
@@ -77,8 +88,23 @@ class Ablation(Stage):
 
     def __init__(self, idea: list[str] = (), seeds: int = 3, max_steps: int | None = 100, baseline: list[str] = ()):
         self.idea, self.seeds, self.max_steps, self.baseline = list(idea), seeds, max_steps, list(baseline)
+        self.configured_steps = max_steps
         self.verdict: Verdict | None = None
         """The last assessment's verdict (paired by seed)."""
+
+    scalable = True
+    FLOOR = 40
+    """Fewest steps a budget leaves each arm's runs."""
+
+    def cost(self, ctx: StageContext, costs) -> float:
+        return 2 * self.seeds * costs.subrun(self.max_steps or int(ctx.cfg.trainer.max_steps)) if self.idea else 0.0
+
+    def scale(self, factor: float) -> None:
+        if self.configured_steps:
+            self.max_steps = scaled(self.configured_steps, factor, self.FLOOR)
+
+    def planned_steps(self) -> str | None:
+        return steps_text(self.configured_steps, self.max_steps) if self.idea else None
 
     def assess(self, parts: Components | None, ctx: StageContext) -> StageResult:
         result = StageResult(self.name)
@@ -93,7 +119,7 @@ class Ablation(Stage):
         arm = run_seeds(ctx, self.name, "idea_", seeds, budget + self.baseline + self.idea)
         steps = self.max_steps or int(ctx.cfg.trainer.max_steps)
         full = full_run_seconds(base + arm, steps, int(ctx.cfg.trainer.max_steps))
-        finding = ablation_finding(self.idea, base, arm, full)
+        finding = ablation_finding(self.idea, base, arm, full, data_chance(shared_data(ctx, ctx.cfg)))
         finding.observed += f"; on {ctx.cfg.cost.name}: {_priced(ctx)}" if "cost" in ctx.cfg else ""
         if all(run.finished for run in base + arm):
             self.verdict = verdict([r.val_loss for r in base], [r.val_loss for r in arm], " ".join(self.idea))

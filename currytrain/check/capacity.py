@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from currytrain.check import figures
+from currytrain.check.budget import scaled, steps_text
+from currytrain.check.probes import at_chance, data_chance
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
-from currytrain.check.subruns import SubRun, derive, train_subrun, width_overrides, width_skipped
+from currytrain.check.subruns import SubRun, derive, shared_data, train_subrun, width_overrides, width_skipped
 from currytrain.components import Components
 
 
@@ -61,11 +63,20 @@ def saturation(runs: list[SubRun], min_gain: float) -> int:
     return next(i for i in range(len(runs)) if all(losses[i] - later <= min_gain for later in losses[i + 1 :]))
 
 
-def capacity_finding(shapes: list[Shape], runs: list[SubRun], min_gain: float) -> Finding:
+def capacity_finding(shapes: list[Shape], runs: list[SubRun], min_gain: float, chance: float | None = None) -> Finding:
     index = saturation(runs, min_gain)
     shape, run = shapes[index], runs[index]
     observed = f"saturates at {shape.name} ({run.num_params:,} params, train loss {run.train_loss:.4f}); best {min(r.train_loss for r in runs):.4f}"
-    expected = f"every shape trains; the saturation point: no larger model beats it by more than {min_gain:.3g} nats"
+    expected = f"every shape trains below chance; the saturation point: no larger model beats it by more than {min_gain:.3g} nats"
+    if all(at_chance(r.train_loss, chance) for r in runs):
+        return Finding(
+            "capacity",
+            Status.WARNING,
+            observed + f"; chance ln C = {chance:.3f}",
+            expected,
+            "no shape leaves chance at this compute: the losses compared are an untrained model's, so the saturation point says nothing",
+            "raise check.stages.capacity.budget_steps, or check the lr (check=lr_range)",
+        )
     if index == len(runs) - 1:
         observed += "; still falling at the largest shape: capacity-bound at this compute (a larger model trains better)"
     return Finding("capacity", Status.PASSED, observed, expected)
@@ -86,7 +97,30 @@ class Capacity(Stage):
 
     def __init__(self, widths: list[int] = (64, 128, 192), depths: list[int] = (2, 4), budget_steps: int = 50, min_steps: int = 10, min_gain: float = 0.02):
         self.widths, self.depths, self.budget_steps, self.min_steps, self.min_gain = list(widths), list(depths), budget_steps, min_steps, min_gain
+        self.configured_steps = budget_steps
+        self.sizes: tuple[int, list[int]] | None = None
+        """(the configured model's parameters, each shape's), once the plan has counted them."""
         self.runs: list[SubRun] = []
+
+    scalable = True
+    FLOOR = 10
+    """Fewest steps' compute a budget leaves the configured model (each shape trains at least min_steps)."""
+
+    def cost(self, ctx: StageContext, costs) -> float:
+        from currytrain.estimate import count_parameters
+
+        if "dim" not in ctx.cfg.model:
+            return 0.0
+        if self.sizes is None:  # sized on the meta device once: the plan asks for the cost at many budgets
+            self.sizes = (count_parameters(ctx.cfg.model), [shape.num_params for shape in plan(ctx, self.widths, self.depths, 1, 1)])
+        configured, sizes = self.sizes
+        return sum(costs.subrun(max(self.min_steps, round(configured * self.budget_steps / size)), params=size) for size in sizes)
+
+    def scale(self, factor: float) -> None:
+        self.budget_steps = scaled(self.configured_steps, factor, self.FLOOR)
+
+    def planned_steps(self) -> str | None:
+        return steps_text(self.configured_steps, self.budget_steps, "steps' compute")
 
     def assess(self, parts: Components | None, ctx: StageContext) -> StageResult:
         result = StageResult(self.name)
@@ -103,13 +137,15 @@ class Capacity(Stage):
             )
             result.findings.append(finding)
             return result
-        result.findings.append(capacity_finding(shapes, self.runs, min_gain))
+        chance = data_chance(shared_data(ctx, ctx.cfg))
+        result.findings.append(capacity_finding(shapes, self.runs, min_gain, chance))
         if ctx.state.is_main:
             index = saturation(self.runs, min_gain)
             marks = {"saturation": (self.runs[index].num_params, self.runs[index].train_loss)}
             xs, ys = [r.num_params for r in self.runs], [r.train_loss for r in self.runs]
             path = Path(ctx.run_dir) / "capacity.png"
-            result.figures.append(figures.scatter_fit(path, xs, ys, None, ("parameters N", "train loss (nats/token)"), "capacity at fixed compute", marks))
+            labels = ("parameters N", "train loss (nats/token)")
+            result.figures.append(figures.scatter_fit(path, xs, ys, None, labels, "capacity at fixed compute", marks, chance))
         rows = [f"| {s.name} | {r.num_params:,} | {s.steps} | {r.train_loss:.4f} | {r.val_loss:.4f} |" for s, r in zip(shapes, self.runs)]
         result.details = "\n".join(["| shape | parameters | steps | train loss (last 10%) | val loss |", "|---|---:|---:|---:|---:|", *rows])
         return result

@@ -64,6 +64,13 @@ class PreflightConfig:
     """Tables: largest share of val (or test) rows allowed an exact or near duplicate in train."""
     target_threshold: float = bounded(0.99, gt=0, le=1)
     """Tables: a feature that alone predicts at least this share of the val classes encodes the target."""
+    init_growth: float = bounded(3.0, gt=1)
+    """Warn when the residual stream's variance at init, on random token ids, grows by more than this factor from the
+    first repeated block's input to the last block's output, in models of 8 or more blocks (writes scaled with depth
+    keep it under 2; GPT-2's 12 layers without the scaling reach 3.5-3.8)."""
+    balance_response: float = bounded(0.5, gt=0, le=1)
+    """Top-k routing: warn when the balancing term grows by less than this share of E/k - 1 as every token is routed to
+    one expert (a Switch-style load-balancing loss grows by all of it)."""
 
 
 @dataclass
@@ -91,6 +98,15 @@ class SanityConfig:
     """Warn when the activation std grows by more than this factor from the first block to the last."""
     dead_fraction: float = bounded(0.5, gt=0, le=1)
     """Warn when more than this share of a block's linear-layer inputs is zero on every token (dead units)."""
+
+
+@dataclass
+class ResumeConfig:
+    """Stage resume: N steps in one go against N/2, a checkpoint, a resume and N/2 more, bit for bit on one process."""
+
+    _target_: str = "currytrain.check.resume.Resume"
+    steps: int = bounded(4, ge=2)
+    """Optimizer steps of each run (the checkpoint is written after half of them)."""
 
 
 @dataclass
@@ -319,6 +335,23 @@ class LadderConfig:
     """Stage name -> its config (a `_target_` Stage class and its thresholds), run in this order."""
     stop_at_failure: bool = True
     """Stop at the first stage whose gate fails; false runs every stage and fails at the end."""
+    budget_seconds: float = bounded(0.0, ge=0)
+    """Wall seconds the ladder may take: its cost is planned before it starts from a measured training step, and the
+    training stages' steps are cut by one factor (never raised, never below each stage's floor) until it fits. 0: every
+    stage at its configured steps (the plan is still printed when a stage trains)."""
+    step_seconds: float = bounded(0.0, ge=0)
+    """Seconds of one training step of the configured model to plan with; 0: measured at the start (a few steps). A
+    fixed value makes the plan, and so the steps, the same on every machine."""
+    eval_batches: int = bounded(0, ge=0)
+    """Val batches each sub-run of the ladder evaluates its final loss on; 0: trainer.eval_batches."""
+    plan_clock: str = "wall"
+    """How the plan times its step: wall (the seconds you wait here) or cpu (this process's CPU seconds, every thread's:
+    on a machine other jobs keep busy, the step a quiet one would take with one thread; the plan and its steps then do
+    not follow the load)."""
+
+    @staticmethod
+    def check(node: Any, path: str) -> list[str]:
+        return one_of(node, path, "plan_clock", ("wall", "cpu"))
 
 
 @dataclass
@@ -340,6 +373,13 @@ class SanityCheckConfig(LadderConfig):
     """check=sanity: skeleton, preflight, then sanity."""
 
     stages: dict[str, Any] = field(default_factory=lambda: {"skeleton": SkeletonConfig(), "preflight": PreflightConfig(), "sanity": SanityConfig()})
+
+
+@dataclass
+class ResumeCheckConfig(LadderConfig):
+    """check=resume: the resume stage alone."""
+
+    stages: dict[str, Any] = field(default_factory=lambda: {"resume": ResumeConfig()})
 
 
 @dataclass
@@ -393,22 +433,26 @@ class ScalingCheckConfig(LadderConfig):
 
 @dataclass
 class FullLadderConfig(LadderConfig):
-    """check=ladder: every stage, in order, at budgets that take a few minutes on 2 shared CPU cores for the
-    debug model (docs/ladder.md has the measured times); each stage alone (check=seeds, ...) keeps its fuller
-    budget. In the ladder the muP check and the probe tasks warn rather than fail (a model may lack muP or a
-    mechanism on purpose), and the ablation runs only when check.stages.ablation.idea is given."""
+    """check=ladder: every stage, in order, planned to take at most budget_seconds (4 minutes) on the machine it runs on:
+    the step budgets below are the most each training stage runs, cut for a slower model (docs/ladder.md); each stage
+    alone (check=seeds, ...) keeps its fuller budget. In the ladder the muP check and the probe tasks warn rather than
+    fail (a model may lack muP or a mechanism on purpose), and the ablation runs only when check.stages.ablation.idea
+    is given."""
 
     stages: dict[str, Any] = field(
         default_factory=lambda: {
             "skeleton": SkeletonConfig(),
             "preflight": PreflightConfig(),
             "sanity": SanityConfig(),
+            "resume": ResumeConfig(),
             "lr_range": LRRangeConfig(batch_size=8),
             "mup": MupCheckConfig(standard_fails=False),
             "seeds": SeedsConfig(max_steps=200),
             "ablation": AblationConfig(max_steps=200),
             "probe": ProbeStageConfig(tasks=["copy"], max_steps=150, gate=False),
             "capacity": CapacityConfig(widths=[64, 128], budget_steps=60),
-            "scaling": ScalingConfig(widths=[32, 40, 48, 64, 96], max_steps=200),
+            "scaling": ScalingConfig(widths=[32, 40, 48, 64, 96], max_steps=200, bootstrap=200),
         }
     )
+    budget_seconds: float = bounded(240.0, ge=0)
+    eval_batches: int = bounded(10, ge=0)

@@ -20,7 +20,7 @@ def overfit_curve(path: Path, losses: list[float], threshold: float, chance: flo
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(range(1, len(losses) + 1), losses, label="loss on the batch")
     ax.axhline(threshold, color="green", linestyle="--", label=f"gate {threshold:g}")
-    ax.axhline(chance, color="gray", linestyle=":", label=f"chance ln(C) = {chance:.2f}")
+    chance_line(ax, chance)
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats/token)")
     ax.set_title("sanity: overfit one batch")
@@ -48,8 +48,14 @@ def layer_stats(path: Path, names: list[str], stats: Any) -> Path:
     return _save(fig, path)
 
 
-def lr_range(path: Path, sweep: Any, suggested: float, configured: float) -> Path:
-    """Loss against lr (log scale), raw and smoothed, with the suggested and the configured lr."""
+def chance_line(ax, chance: float | None) -> None:
+    """The loss of a uniform guess, ln C, as a dotted line (every loss figure draws it)."""
+    if chance is not None:
+        ax.axhline(chance, color="gray", linestyle=":", label=f"chance ln(C) = {chance:.2f}")
+
+
+def lr_range(path: Path, sweep: Any, suggested: float, configured: float, chance: float | None = None) -> Path:
+    """Loss against lr (log scale), raw and smoothed, with the suggested and the configured lr, and chance."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(sweep.lrs, sweep.losses, alpha=0.35, label="loss")
@@ -58,7 +64,10 @@ def lr_range(path: Path, sweep: Any, suggested: float, configured: float) -> Pat
     ax.axvline(configured, color="gray", linestyle=":", label=f"optimizer.lr {configured:.3g}")
     ax.set_xscale("log")
     top = min(max(sweep.smoothed) * 1.2, max(sweep.losses))
+    if chance is not None:
+        top = max(top, chance * 1.05)
     ax.set_ylim(min(sweep.losses) * 0.95, top)
+    chance_line(ax, chance)
     ax.set_xlabel("learning rate")
     ax.set_ylabel("loss (nats/token)")
     ax.set_title("lr range test")
@@ -89,8 +98,9 @@ def scatter_fit(
     labels: tuple[str, str],
     title: str,
     marks: dict[str, tuple[float, float]] | None = None,
+    chance: float | None = None,
 ) -> Path:
-    """Points (log x), an optional fitted curve, and named marks."""
+    """Points (log x), an optional fitted curve, named marks, and the chance loss ln C."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.8))
     ax.plot(xs, ys, "o", label="runs")
@@ -98,6 +108,7 @@ def scatter_fit(
         ax.plot(*curve, "-", label="fit")
     for name, (x, y) in (marks or {}).items():
         ax.plot([x], [y], "s", label=name)
+    chance_line(ax, chance)
     ax.set_xscale("log")
     ax.set_xlabel(labels[0])
     ax.set_ylabel(labels[1])

@@ -11,6 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from currytrain.check.budget import Plan, measure_costs, plan_ladder
 from currytrain.check.stage import Stage, StageContext, StageResult, Status
 from currytrain.check.subruns import ladder_group
 from currytrain.errors import GateFailed
@@ -24,11 +25,29 @@ REPORT = "report.md"
 
 
 class Ladder:
-    """The stages of `check.stages` (built Stage objects, by name), run in order."""
+    """The stages of `check.stages` (built Stage objects, by name), run in order. LadderConfig's fields."""
 
-    def __init__(self, stages: dict[str, Any], stop_at_failure: bool = True):
+    def __init__(
+        self,
+        stages: dict[str, Any],
+        stop_at_failure: bool = True,
+        budget_seconds: float = 0.0,
+        step_seconds: float = 0.0,
+        eval_batches: int = 0,
+        plan_clock: str = "wall",
+    ):
         self.stages: dict[str, Stage] = dict(stages)
         self.stop_at_failure = stop_at_failure
+        self.budget_seconds, self.step_seconds, self.eval_batches, self.plan_clock = budget_seconds, step_seconds, eval_batches, plan_clock
+
+    def plan(self, ctx: StageContext) -> Plan | None:
+        """The ladder's cost, planned from a measured step (currytrain.check.budget), the training stages cut to fit the
+        budget; None for a ladder without a budget or a stage that trains (its cost is a few builds)."""
+        if self.budget_seconds <= 0 and not any(stage.scalable for stage in self.stages.values()):
+            return None
+        eval_batches = self.eval_batches or int(ctx.cfg.trainer.eval_batches)
+        costs = measure_costs(ctx, self.step_seconds, eval_batches, self.plan_clock)
+        return plan_ladder(self.stages, ctx, costs, self.budget_seconds, clock=self.plan_clock)
 
     def climb(self, ctx: StageContext, results: list[StageResult] | None = None) -> list[StageResult]:
         """Every stage's result (appended to `results` as each ends), stopping after the first failed gate
@@ -77,9 +96,17 @@ def run_ladder(cfg: DictConfig, state: ParallelState, run_dir: Path, journal: Jo
     record_group(journal, ladder_group(run_dir))  # the trackers show the sub-runs under this run
     loggers = build_loggers(cfg.logger, run_dir, enabled=state.is_main)
     ctx = StageContext(cfg, state, Path(run_dir), journal, loggers, overrides=run_overrides(Path(run_dir)))
+    if ladder.eval_batches:
+        ctx.subrun_overrides = [f"trainer.eval_batches={ladder.eval_batches}"]
     results: list[StageResult] = []
+    plan = None
     status = "failed"  # the trackers show how the ladder's own run ended: a failed gate or a crash is failed
     try:
+        plan = ladder.plan(ctx)
+        if plan is not None:
+            journal.event("check_plan", **plan.event())
+            if state.is_main:
+                print(plan.summary(), flush=True)
         results = ladder.climb(ctx, results)
         status = "failed" if any(result.status is Status.FAILED for result in results) else "finished"
     except BaseException as error:
@@ -90,7 +117,7 @@ def run_ladder(cfg: DictConfig, state: ParallelState, run_dir: Path, journal: Jo
         if state.is_main:  # report.md is written whatever happened, with every stage that ran
             from currytrain.check.report import print_table, write_report
 
-            path = write_report(Path(run_dir) / REPORT, results, list(ladder.stages))
+            path = write_report(Path(run_dir) / REPORT, results, list(ladder.stages), plan.seconds if plan is not None else None)
             print_table(results)
             print(f"check: report in {path}")
     failed = next((result for result in results if result.status is Status.FAILED), None)

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 
 from currytrain.check import figures
-from currytrain.check.probes import StepFn, get_batch, peak_lr, scratch, train_step
+from currytrain.check.budget import scaled, steps_text
+from currytrain.check.probes import StepFn, at_chance, data_chance, get_batch, peak_lr, scratch, train_step
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status, fmt, probe
 from currytrain.components import Components
 
@@ -93,10 +94,16 @@ def suggest(sweep: Sweep, rule: str, divisor: float) -> float:
     return sweep.lrs[sweep.best()] / divisor
 
 
-def range_finding(sweep: Sweep, rule: str, divisor: float, min_drop: float, learns: bool = False) -> Finding:
-    """The sweep's verdict. `learns`: an earlier probe showed the model learns (sanity's overfit passed), so a flat
-    sweep says the task needs more steps than the sweep has, not that the model cannot learn."""
-    expected = f"the smoothed loss falls by >= {min_drop:g} nats, then diverges inside the range"
+def range_finding(sweep: Sweep, rule: str, divisor: float, min_drop: float, learns: bool = False, chance: float | None = None) -> Finding:
+    """The sweep's verdict. Its expectation (the smoothed loss falls by min_drop, below chance ln C, then diverges
+    inside the range) is the only way to a pass. `learns`: an earlier probe showed the model learns (sanity's overfit
+    passed), so a flat sweep says the task needs more steps than the sweep has, not that the model cannot learn:
+    still a warning (the sweep suggests nothing), with that cause."""
+    expected = (
+        f"the smoothed loss falls by >= {min_drop:g} nats"
+        + (f", below chance ln C = {chance:.3f}," if chance is not None else "")
+        + " then diverges inside the range"
+    )
     if len(sweep.smoothed) < 3:
         return Finding(
             "lr range",
@@ -116,17 +123,29 @@ def range_finding(sweep: Sweep, rule: str, divisor: float, min_drop: float, lear
     )
     noise = sweep.noise()
     observed += f"; batch-to-batch noise {noise:.3g}"
-    if drop < min_drop and drop <= RELIABLE_DROP * noise:
+    if drop < min_drop:
         if learns:
-            return Finding("lr range", Status.PASSED, observed + "; flat: this task needs more steps than the sweep (sanity's overfit passed)", expected)
+            cause = (
+                f"the loss falls {drop:.3g} nats over the sweep, less than {min_drop:g}: this task needs more steps than the sweep has "
+                "(sanity's overfit passed, so the model learns); the sweep suggests no lr"
+            )
+        else:
+            cause = (
+                "the loss does not fall at any lr of the range: a task that needs more steps than the sweep, or a model that does "
+                "not learn; check=sanity's overfit one batch tells them apart"
+            )
+        return Finding(
+            "lr range", Status.WARNING, observed, expected, cause, "run check=sanity (overfit one batch); raise check.stages.lr_range.steps or batch_size"
+        )
+    if at_chance(sweep.smoothed[best], chance):
         return Finding(
             "lr range",
             Status.WARNING,
             observed,
             expected,
-            "the loss does not fall at any lr of the range beyond the noise of its batches: a task that needs more steps than the "
-            "sweep, or a model that does not learn; check=sanity's overfit one batch tells them apart",
-            "run check=sanity (overfit one batch); raise check.stages.lr_range.steps or batch_size",
+            f"the sweep never takes the loss below chance ln C = {chance:.3f} (its minimum {sweep.smoothed[best]:.3f}): it falls from above "
+            "chance (an init whose logits are too large) to chance, so it measures the model unlearning its init, not learning the data",
+            "check sanity's init loss; lower the init scale; then rerun the sweep",
         )
     if not reliable(sweep):
         return Finding("lr range", Status.PASSED, observed + "; too flat a sweep to suggest an lr (longer sweeps, larger batches)", expected)
@@ -198,20 +217,36 @@ class LRRange(Stage):
         self.min_lr, self.max_lr, self.steps, self.batch_size = min_lr, max_lr, steps, batch_size
         self.smoothing, self.diverge_factor, self.rule, self.min_loss_divisor = smoothing, diverge_factor, rule, min_loss_divisor
         self.min_drop, self.lr_tolerance = min_drop, lr_tolerance
+        self.configured_steps = steps
         self.step_fn: StepFn = train_step
         self.sweep: Sweep | None = None
         """The last sweep (tests and bench/ read it)."""
+
+    scalable = True
+    FLOOR = 50
+    """Fewest sweep steps a budget leaves: 30 steps over the six decades of the default range put the suggestion a
+    factor of 3-4 from the full sweep's and warned on a healthy model's configured lr; 50 keep 8 steps a decade."""
+
+    def cost(self, ctx: StageContext, costs) -> float:
+        return costs.build + costs.steps(self.steps, sequences=self.batch_size)
+
+    def scale(self, factor: float) -> None:
+        self.steps = scaled(self.configured_steps, factor, self.FLOOR)
+
+    def planned_steps(self) -> str | None:
+        return steps_text(self.configured_steps, self.steps)
 
     def assess(self, parts: Components, ctx: StageContext) -> StageResult:
         result = StageResult(self.name)
         lrs = lr_schedule(self.min_lr, self.max_lr, self.steps)
         sweep = Sweep()
+        chance = data_chance(parts.data)
 
         def run() -> Finding:
             nonlocal sweep
             sweep = sweep_lr(parts, self.step_fn, lrs, self.batch_size, self.smoothing, self.diverge_factor)
             learns = "overfit one batch" in ctx.measured.get("passed", ())
-            return range_finding(sweep, self.rule, self.min_loss_divisor, self.min_drop, learns)
+            return range_finding(sweep, self.rule, self.min_loss_divisor, self.min_drop, learns, chance)
 
         result.findings.append(probe("lr range", run))
         self.sweep = sweep
@@ -220,6 +255,6 @@ class LRRange(Stage):
         suggested = suggest(sweep, self.rule, self.min_loss_divisor)
         result.findings.append(configured_finding(peak_lr(parts), suggested, self.lr_tolerance, sweep))
         if ctx.state.is_main:
-            result.figures.append(figures.lr_range(Path(ctx.run_dir) / "lr_range.png", sweep, suggested, peak_lr(parts)))
+            result.figures.append(figures.lr_range(Path(ctx.run_dir) / "lr_range.png", sweep, suggested, peak_lr(parts), chance))
         result.details = f"Suggested: `optimizer.lr={suggested:.3g}` (rule `{self.rule}`; {len(sweep.lrs)} steps of batch {self.batch_size})."
         return result

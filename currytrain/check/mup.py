@@ -165,6 +165,14 @@ class MupCheck(Stage):
         self.table: dict[str, list[float]] = {}
         """Quantity -> its scale at each width (tests and the report read it)."""
 
+    def cost(self, ctx: StageContext, costs) -> float:
+        """A build; with a gate to check, a model built and trained `steps` steps at every width (parameters ~ width^2)."""
+        if "dim" not in ctx.cfg.model or (not ctx.cfg.model.get("mup", False) and not self.standard_fails):
+            return costs.build
+        dim = int(ctx.cfg.model.dim)
+        widths = [costs.build + costs.steps(self.steps, sequences=self.batch_size, params=int(costs.params * (w / dim) ** 2)) for w in self.widths]
+        return costs.build + sum(widths)
+
     def assess(self, parts: Components, ctx: StageContext) -> StageResult:
         result = StageResult(self.name)
         if "dim" not in ctx.cfg.model:

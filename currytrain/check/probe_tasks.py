@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+from currytrain.check.budget import scaled, steps_text
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
 from currytrain.check.subruns import SubRun, budget_overrides, seed_overrides, shared_data, train_subrun
 from currytrain.components import Components
@@ -27,6 +28,16 @@ def probe_node(ctx: StageContext, task: str, num_symbols: int, seq_len: int | No
     data_len = int(shared_data(ctx, ctx.cfg).seq_len)  # the adapter's own sequence length
     seq_len = min(seq_len or data_len, data_len)
     return {"_target_": "currytrain.data.probe.ProbeTasks", "task": task, "seq_len": seq_len, "num_symbols": num_symbols, "seed": int(ctx.cfg.seed)}
+
+
+MECHANISMS = {
+    "copy": "attention to a fixed distance back, which needs position information (a position encoding that reaches the attention)",
+    "recall": "an associative lookup of the value stored after a key",
+    "induction": "an induction head (a previous-token head, then a head matching the current token's earlier occurrence)",
+    "parity": "state carried across the whole sequence",
+    "selective_copy": "content-based selection of the data tokens among the noise",
+}
+"""What each task needs, named in the cause when a model stays at chance on it."""
 
 
 def near_chance(score: float, chance: float, answers: int) -> bool:
@@ -52,7 +63,7 @@ def task_finding(task: str, runs: list[SubRun], chance: float, min_accuracy: flo
     if best >= min_accuracy:
         return Finding(f"probe {task}", Status.PASSED, observed, expected)
     if all(near_chance(score, chance, int(run.measured.get("answers", 0))) or not math.isfinite(score) for score, run in zip(scores, done)):
-        cause = f"the model stays at chance on {task} in every one of {len(scores)} seeds: it lacks the mechanism the task needs"
+        cause = f"the model stays at chance on {task} in every one of {len(scores)} seeds: it lacks the mechanism the task needs: {MECHANISMS.get(task, task)}"
         return Finding(
             f"probe {task}",
             Status.FAILED if gate else Status.WARNING,
@@ -89,7 +100,23 @@ class Probe(Stage):
         self.tasks, self.max_steps, self.num_symbols, self.seq_len = list(tasks), max_steps, num_symbols, seq_len
         self.overrides = ([f"trainer.batch_size={batch_size}"] if batch_size else []) + list(overrides)
         self.eval_batches, self.min_accuracy, self.gate, self.restarts = eval_batches, min_accuracy, gate, restarts
+        self.configured_steps, self.batch_size = max_steps, batch_size
         self.runs: dict[str, list[SubRun]] = {}
+
+    scalable = True
+    FLOOR = 50
+    """Fewest steps a budget leaves each task (the debug model copies after 40-70)."""
+
+    def cost(self, ctx: StageContext, costs) -> float:
+        """Each task's run, and half of its restarts (a restart runs only when the first run misses the bar)."""
+        seq_len = min(self.seq_len or costs.seq_len, costs.seq_len)
+        return len(self.tasks) * (1 + 0.5 * self.restarts) * costs.subrun(self.max_steps, sequences=self.batch_size, seq_len=seq_len)
+
+    def scale(self, factor: float) -> None:
+        self.max_steps = scaled(self.configured_steps, factor, self.FLOOR)
+
+    def planned_steps(self) -> str | None:
+        return steps_text(self.configured_steps, self.max_steps)
 
     def assess(self, parts: Components | None, ctx: StageContext) -> StageResult:
         result = StageResult(self.name)

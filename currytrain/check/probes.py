@@ -176,3 +176,20 @@ def next_token_task(batch: Batch) -> bool:
 def chance_loss(num_classes: int) -> float:
     """-log(1/C): the loss of a uniform prediction over C classes."""
     return math.log(num_classes)
+
+
+CHANCE_MARGIN = 0.05
+"""Nats below chance a loss must reach to count as learned: a model whose loss stays within this of ln C has learned
+nothing a uniform guess does not know, and evidence resting on it (a noise, a fit, a sweep) measures an untrained model."""
+
+
+def data_chance(data) -> float | None:
+    """ln C for the classes the data adapter's targets index: its `num_classes`, else its `vocab_size`; None when it
+    declares neither (the model's outputs then tell, see num_classes)."""
+    classes = getattr(data, "num_classes", None) or getattr(data, "vocab_size", None)
+    return chance_loss(int(classes)) if classes else None
+
+
+def at_chance(loss: float, chance: float | None, margin: float = CHANCE_MARGIN) -> bool:
+    """Whether `loss` has not left chance (no more than `margin` below ln C; a loss that is not finite has not)."""
+    return chance is not None and (not math.isfinite(loss) or loss > chance - margin)

@@ -30,11 +30,18 @@ def stage_section(result: StageResult) -> list[str]:
     return lines
 
 
-def write_report(path: Path, results: list[StageResult], planned: list[str]) -> Path:
+def _planned(plan: dict[str, float], stage: str) -> str:
+    return f"{plan[stage]:.1f}" if stage in plan else ""
+
+
+def write_report(path: Path, results: list[StageResult], planned: list[str], seconds: dict[str, float] | None = None) -> Path:
+    """report.md: the summary table (with each stage's planned seconds when the ladder planned its cost), then a
+    section per stage."""
     ran = {result.stage for result in results}
-    lines = ["# Validation ladder", "", "| stage | status | seconds |", "|---|---|---:|"]
-    lines += [f"| {r.stage} | {MARKS[r.status]} | {r.seconds:.1f} |" for r in results]
-    lines += [f"| {name} | not run (an earlier gate failed) | |" for name in planned if name not in ran]
+    plan = seconds or {}
+    lines = ["# Validation ladder", "", "| stage | status | seconds | planned |", "|---|---|---:|---:|"]
+    lines += [f"| {r.stage} | {MARKS[r.status]} | {r.seconds:.1f} | {_planned(plan, r.stage)} |" for r in results]
+    lines += [f"| {name} | not run (an earlier gate failed) | | {_planned(plan, name)} |" for name in planned if name not in ran]
     lines.append("")
     for result in results:
         lines += stage_section(result)

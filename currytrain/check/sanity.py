@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from currytrain.check import figures
+from currytrain.check.budget import FORWARD_SHARE
 from currytrain.check.probes import StepFn, chance_loss, eval_loss, get_batch, num_classes, output_size, peak_lr, scratch, train_step
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status, crash_finding, probe
 from currytrain.components import Components
@@ -331,6 +332,12 @@ class Sanity(Stage):
         self.step_fn: StepFn = train_step
         """The training step the probes run (tests put a broken one here)."""
 
+    def cost(self, ctx: StageContext, costs) -> float:
+        """The overfit's steps (it stops once the batch is learnt: planned at up to OVERFIT_PLAN of them), the statistics'
+        steps and the init loss's forwards. The overfit is the gate: the budget never cuts it."""
+        overfit = costs.steps(min(self.overfit_steps, OVERFIT_PLAN), sequences=self.overfit_sequences)
+        return costs.build + overfit + costs.steps(self.stats_steps + self.init_batches * FORWARD_SHARE, sequences=self.batch_size)
+
     def assess(self, parts: Components, ctx: StageContext) -> StageResult:
         result = StageResult(self.name)
         result.findings.append(probe("init loss", lambda: init_loss(parts, self.batch_size, self.init_batches, self.init_tolerance)))
@@ -360,6 +367,8 @@ class Sanity(Stage):
 
 
 SLOW = "the model learns, but too slowly to memorise one batch"
+OVERFIT_PLAN = 250
+"""Overfit steps the plan counts on: the slowest healthy model measured (spiking) memorised its batch in 222-253."""
 
 
 def explain_slow_overfit(findings: list[Finding], earlier: dict[str, str]) -> None:

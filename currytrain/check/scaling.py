@@ -22,10 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from currytrain.check import figures
+from currytrain.check.budget import scaled, steps_text
+from currytrain.check.probes import at_chance, data_chance
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status, crash_finding
-from currytrain.check.subruns import SubRun, budget_overrides, seed_overrides, shared_data, train_subrun, width_overrides, width_skipped
+from currytrain.check.subruns import SubRun, budget_overrides, derive, seed_overrides, shared_data, train_subrun, width_overrides, width_skipped
 from currytrain.components import Components
-from currytrain.stats.fits import PowerLawFit, fit_power_law, held_out_test
+from currytrain.stats.fits import MAX_ALPHA, PowerLawFit, fit_power_law, held_out_test
 
 __all__ = ["Noise", "PowerLawFit", "Scaling", "fit_power_law", "held_out_finding", "scaling_findings", "width_overrides"]
 
@@ -87,6 +89,7 @@ def scaling_findings(
     target_params: int = 0,
     alpha: float = 0.05,
     fail_alpha: float = 0.001,
+    chance: float | None = None,
 ) -> tuple[list[Finding], PowerLawFit | None]:
     """The stage's assessment of measured losses: the fit, the held-out test, the extrapolation. It never raises:
     values no power law fits (not finite, one distinct size) are a failed finding that says so."""
@@ -99,9 +102,21 @@ def scaling_findings(
     try:
         low, high = fit.alpha_interval()
         observed = f"L(N) = {fit.e:.3f} + {fit.a:.3g} N^-{fit.alpha:.3f} (alpha 95% CI [{low:.3f}, {high:.3f}])"
+        undetermined = low <= 0.01 and high >= MAX_ALPHA - 0.1
+        if undetermined:
+            observed += f": alpha undetermined within the fit's bounds [0, {MAX_ALPHA:g}]"
         if tokens:
             observed += f"; compute form L(C) = E + {fit.a * (6 * tokens) ** fit.alpha:.3g} C^-{fit.alpha:.3f} at D = {tokens:,} tokens"
-        findings = [Finding("scaling fit", Status.PASSED, observed, f"a power law through {len(sizes)} sizes")]
+        fitted = f"a power law through {len(sizes)} sizes" + (f" that leave chance ln C = {chance:.3f}" if chance is not None else "")
+        if all(at_chance(loss, chance) for loss in losses):
+            cause = (
+                "every fitted size ends at chance: the fit runs through untrained models, so neither its exponent nor the held-out "
+                "test says how the model scales"
+            )
+            fix = "raise check.stages.scaling.max_steps (and check.stages.seeds.max_steps with it), or check the lr (check=lr_range)"
+            findings = [Finding("scaling fit", Status.WARNING, observed + f"; losses {', '.join(f'{v:.3f}' for v in losses)}", fitted, cause, fix)]
+        else:
+            findings = [Finding("scaling fit", Status.PASSED, observed, fitted)]
         if not held_losses or not all(math.isfinite(v) for v in held_losses):
             findings.append(
                 Finding("held-out size", Status.FAILED, f"{held_name}: loss {held_losses}", "a finite loss", "the held-out size diverged", "lower optimizer.lr")
@@ -111,7 +126,12 @@ def scaling_findings(
         if target_params:
             low_t, high_t = fit.prediction_interval(target_params)
             text = f"{fit.predict(target_params):.4f} [{low_t:.4f}, {high_t:.4f}] at {target_params:,} params"
-            findings.append(Finding("extrapolation", Status.PASSED, text, "the predicted val loss at target_params (95%)"))
+            expected = "the predicted val loss at target_params (95%), from a determined exponent"
+            if undetermined:
+                cause = "alpha spans the fit's whole range: the extrapolation is the fit's bounds, not a prediction"
+                findings.append(Finding("extrapolation", Status.WARNING, text, expected, cause, "more sizes, sizes further apart, more steps"))
+            else:
+                findings.append(Finding("extrapolation", Status.PASSED, text, expected))
     except Exception as error:  # an assessment never crashes the stage
         return [crash_finding("scaling assessment", error)], fit
     return findings, fit
@@ -147,10 +167,39 @@ class Scaling(Stage):
     ):
         self.widths, self.max_steps, self.bootstrap, self.target_params = sorted(widths), max_steps, bootstrap, target_params
         self.seed_std, self.noise_seeds, self.alpha, self.fail_alpha = seed_std, noise_seeds, alpha, fail_alpha
+        self.configured_steps = max_steps
         self.runs: list[SubRun] = []
         self.replicates: list[SubRun] = []
         """Extra seeds of the held-out size (trained when no seed noise was measured before this stage)."""
         self.fit: PowerLawFit | None = None
+        self.data = None
+        self.param_counts: list[int] = []
+        """The ladder's data adapter (its classes give the figure's chance line)."""
+
+    scalable = True
+    FLOOR = 40
+    """Fewest steps a budget leaves each size (the seeds stage, whose noise the gate uses, keeps as many)."""
+
+    def cost(self, ctx: StageContext, costs) -> float:
+        """Each width's run at its parameters, and the held-out width's extra seeds when no seeds stage measures the noise."""
+        from currytrain.estimate import count_parameters
+
+        if "dim" not in ctx.cfg.model:
+            return 0.0
+        steps = self.max_steps or int(ctx.cfg.trainer.max_steps)
+        if len(self.param_counts) != len(self.widths):  # built on the meta device once: the plan asks many times
+            self.param_counts = [count_parameters(derive(ctx.cfg, width_overrides(ctx.cfg.model, width)).model) for width in self.widths]
+        params = self.param_counts
+        runs = [costs.subrun(steps, params=count) for count in params]
+        measured = self.seed_std > 0 or "seeds" in ctx.cfg.check.get("stages", {})
+        return sum(runs) + (0 if measured else self.noise_seeds * runs[-1]) + (self.bootstrap + 1) * costs.fit
+
+    def scale(self, factor: float) -> None:
+        if self.configured_steps:
+            self.max_steps = scaled(self.configured_steps, factor, self.FLOOR)
+
+    def planned_steps(self) -> str | None:
+        return steps_text(self.configured_steps, self.max_steps)
 
     def assess(self, parts: Components | None, ctx: StageContext) -> StageResult:
         result = StageResult(self.name)
@@ -194,9 +243,11 @@ class Scaling(Stage):
             target_params=self.target_params,
             alpha=self.alpha,
             fail_alpha=self.fail_alpha,
+            chance=data_chance(shared_data(ctx, ctx.cfg)),
         )
         result.findings += findings
         if ctx.state.is_main and self.fit is not None:
+            self.data = shared_data(ctx, ctx.cfg)
             result.figures.append(self.figure(Path(ctx.run_dir) / "scaling.png"))
         result.details = "\n".join(
             ["| run | parameters | val loss | train loss (last 10%) |", "|---|---:|---:|---:|"]
@@ -214,4 +265,5 @@ class Scaling(Stage):
         if self.target_params:
             marks["prediction"] = (self.target_params, self.fit.predict(self.target_params))
         xs, ys = [r.num_params for r in fitted], [r.val_loss for r in fitted]
-        return figures.scatter_fit(path, xs, ys, curve, ("parameters N", "val loss (nats/token)"), "scaling: L(N) = E + A N^-alpha", marks)
+        chance = data_chance(self.data) if self.data is not None else None
+        return figures.scatter_fit(path, xs, ys, curve, ("parameters N", "val loss (nats/token)"), "scaling: L(N) = E + A N^-alpha", marks, chance)

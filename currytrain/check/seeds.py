@@ -16,6 +16,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from currytrain.check.budget import scaled, steps_text
+from currytrain.check.probes import at_chance, data_chance
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status
 from currytrain.check.subruns import SubRun, budget_overrides, run_seeds, shared_data
 from currytrain.components import Components
@@ -70,6 +72,16 @@ def seeds_finding(runs: list[SubRun], max_std: float | None, chance: float | Non
         f"final val loss {done.mean:.4f} ± {done.half_width:.4f} (95% CI), std {done.std:.4f} over {len(runs)} seeds; "
         f"smallest detectable difference with {len(runs)} seeds: {done.detectable():.4f} nats (unpaired t, alpha 0.05, 80% power)"
     )
+    if at_chance(done.mean, chance):
+        return Finding(
+            "seed variance",
+            Status.WARNING,
+            observed,
+            expected + f"; a mean below chance ln C = {chance:.3f}",
+            f"the seeds end at chance (mean {done.mean:.4f} against ln C = {chance:.3f}): the model has not learned at this budget, so the "
+            "noise measured is an untrained model's and the stages that weigh their evidence against it (scaling, capacity) rest on it",
+            "raise check.stages.seeds.max_steps (and the scaling budget with it), or check the lr (check=lr_range) and the data",
+        )
     if done.std > limit:
         return Finding(
             "seed variance",
@@ -97,15 +109,28 @@ class Seeds(Stage):
 
     def __init__(self, seeds: int = 3, max_steps: int | None = 100, max_std: float | None = None, max_std_share: float = 0.1, overrides: list[str] = ()):
         self.seeds, self.max_steps, self.max_std, self.max_std_share, self.overrides = seeds, max_steps, max_std, max_std_share, list(overrides)
+        self.configured_steps = max_steps
         self.runs: list[SubRun] = []
+
+    scalable = True
+    FLOOR = 40
+    """Fewest steps a budget leaves each seed (the scaling runs, whose noise these seeds measure, keep as many)."""
+
+    def cost(self, ctx: StageContext, costs) -> float:
+        return self.seeds * costs.subrun(self.max_steps or int(ctx.cfg.trainer.max_steps))
+
+    def scale(self, factor: float) -> None:
+        if self.configured_steps:
+            self.max_steps = scaled(self.configured_steps, factor, self.FLOOR)
+
+    def planned_steps(self) -> str | None:
+        return steps_text(self.configured_steps, self.max_steps)
 
     def assess(self, parts: Components | None, ctx: StageContext) -> StageResult:
         result = StageResult(self.name)
         base = int(ctx.cfg.seed)
         self.runs = run_seeds(ctx, self.name, "", [base + i for i in range(self.seeds)], budget_overrides(self.max_steps, self.overrides))
-        data = shared_data(ctx, ctx.cfg)
-        classes = getattr(data, "num_classes", None) or getattr(data, "vocab_size", None)
-        result.findings.append(seeds_finding(self.runs, self.max_std, math.log(classes) if classes else None, self.max_std_share))
+        result.findings.append(seeds_finding(self.runs, self.max_std, data_chance(shared_data(ctx, ctx.cfg)), self.max_std_share))
         finished = [run.val_loss for run in self.runs if run.finished]
         if len(finished) >= 2:
             ctx.measured.update(seed_std=statistics.stdev(finished), seed_count=len(finished), seed_mean=statistics.fmean(finished), seed_steps=self.max_steps)

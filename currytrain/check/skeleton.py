@@ -11,7 +11,8 @@ import torch
 from omegaconf import DictConfig
 
 from currytrain.build import target_problem, targets
-from currytrain.check.probes import eval_mode, expected_shapes, get_batch, input_vocab, num_classes
+from currytrain.check.budget import FORWARD_SHARE
+from currytrain.check.probes import chance_loss, eval_mode, expected_shapes, get_batch, input_vocab, num_classes
 from currytrain.check.stage import Finding, Stage, StageContext, StageResult, Status, probe
 from currytrain.components import Components
 from currytrain.model.protocol import HasLoss, data_ignore_index, find_blocks, hook
@@ -126,7 +127,7 @@ def forward_finding(parts: Components, batch: tuple[torch.Tensor, torch.Tensor])
     """The loss takes the cross-entropy of the logits' last dimension against targets of the leading shape."""
     inputs, targets_ = batch
     classes = num_classes(parts)
-    expected = f"logits {(*targets_.shape, classes)} (the targets' shape x {classes} classes), floating point, finite"
+    expected = f"logits {(*targets_.shape, classes)} (the targets' shape x {classes} classes: chance ln C = {chance_loss(classes):.3f}), floating point, finite"
     with torch.no_grad(), eval_mode(parts.model):
         logits = parts.model(inputs)
     observed = f"{type(logits).__name__} {tuple(getattr(logits, 'shape', ()))} {getattr(logits, 'dtype', '')}"
@@ -172,6 +173,9 @@ class Skeleton(Stage):
 
     def __init__(self, batch_size: int = 2):
         self.batch_size = batch_size
+
+    def cost(self, ctx: StageContext, costs) -> float:
+        return costs.build + costs.steps(3 * FORWARD_SHARE, sequences=self.batch_size)
 
     def assess(self, parts: Components, ctx: StageContext) -> StageResult:
         batch = get_batch(parts, self.batch_size)

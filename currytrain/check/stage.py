@@ -17,7 +17,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
@@ -26,6 +26,9 @@ from currytrain.errors import ConfigError, Interrupted
 from currytrain.journal import Journal
 from currytrain.logger.base import MultiLogger
 from currytrain.parallel.state import ParallelState
+
+if TYPE_CHECKING:
+    from currytrain.check.budget import Costs
 
 
 class Status(str, enum.Enum):
@@ -100,6 +103,8 @@ class StageContext:
     overrides: list[str] = field(default_factory=list)
     """The overrides the run was composed with (its journal header's): a sub-run that chooses another option
     of a group (ablation's idea=[model=moe]) is composed again from these plus its own."""
+    subrun_overrides: list[str] = field(default_factory=list)
+    """Overrides every sub-run of this ladder starts from (the ladder's eval_batches), before the stage's own."""
     measured: dict[str, Any] = field(default_factory=dict)
     """What earlier stages of this ladder measured for later ones: "seed_std" (the seeds stage's std of the final
     val loss, with "seed_count" and "seed_steps"), so that later gates weigh their evidence against the noise
@@ -117,6 +122,20 @@ class Stage:
     name = "stage"
     needs_components = True
     """False for stages that only start their own training runs: assess() then gets parts=None."""
+    scalable = False
+    """True for stages whose training steps the ladder's budget may cut (scale())."""
+
+    def cost(self, ctx: StageContext, costs: Costs) -> float:
+        """Planned seconds of the stage at its current steps (currytrain.check.budget): by default a build and a few
+        steps; stages that train say what their training costs."""
+        return costs.build + costs.steps(3)
+
+    def scale(self, factor: float) -> None:
+        """Keep `factor` (0-1] of the configured training steps, never below the stage's floor (scalable stages)."""
+
+    def planned_steps(self) -> str | None:
+        """The stage's training budget as planned ("200 -> 90 steps"); None for a stage that does not train."""
+        return None
 
     def run(self, ctx: StageContext) -> StageResult:
         """Build and assess; an exception anywhere in it is the stage's failed finding (never a crash)."""

@@ -153,7 +153,7 @@ def train_subrun(
     from currytrain.trainer.trainer import Trainer
 
     base, values = arm_config(ctx, overrides)
-    cfg = derive(base, values, replace)
+    cfg = derive(base, [*ctx.subrun_overrides, *values], replace)
     path = Path(ctx.run_dir) / stage / name
     write_record(cfg, path, overrides, ctx.state.is_main, ctx.state.world_size, group=subrun_group(ctx.run_dir, stage, name, overrides))
     started = time.perf_counter()

@@ -82,14 +82,29 @@ class SyntheticConfig:
 
 
 @dataclass
+class SourceConfig:
+    """One corpus of a mixture (data.sources.<name>)."""
+
+    path: str = "???"
+    """A file or folder of text, .jsonl, .parquet or .arrow files (folders are searched for data.suffixes)."""
+    weight: float = bounded(1.0, gt=0)
+    """Its share of the windows: weight over the sum of the sources' weights."""
+    text_field: str = ""
+    """The field or column holding its text; empty: data.text_field."""
+
+
+@dataclass
 class TokensConfig:
-    """Text files tokenized by a local tokenizer into a memory-mapped cache (docs/data.md)."""
+    """Text files tokenized by a local tokenizer into a sharded token cache, prepared once (docs/data.md)."""
 
     _target_: str = "currytrain.data.tokens.TokenizedText"
     tokenizer: str = "???"
     """A tokenizer.json, a folder holding one (a Hugging Face model folder) or a `currytrain hf import` folder."""
     paths: list[str] = field(default_factory=list)
-    """Files or folders of UTF-8 text; folders are searched recursively for `suffixes`."""
+    """Files or folders of UTF-8 text; folders are searched recursively for `suffixes`. Empty with `sources`."""
+    sources: dict[str, SourceConfig] = field(default_factory=dict)
+    """Several corpora mixed by weight, by name (data.sources.web.weight=0.8), instead of `paths`; a mixture can be
+    a file of the data/sources group (data/sources=<name>). Each is prepared into its own cache."""
     suffixes: list[str] = field(default_factory=lambda: [".txt", ".md", ".jsonl", ".parquet", ".arrow"])
     """File endings read from folders (files named directly are always read). A .jsonl file holds one
     document per line, a JSON object whose `text_field` is the text; a .parquet or .arrow file one per row
@@ -110,6 +125,19 @@ class TokensConfig:
     """Share of the documents held out for validation (at least one)."""
     seed: int = bounded("${seed}", ge=0, lt=2**63, example=0)
     """Seed of the document split and of batch sampling."""
+    workers: int = bounded(0, ge=0)
+    """Processes that tokenize a corpus being prepared; 0: one per CPU core this process may use."""
+    shard_mb: int = bounded(128, ge=1)
+    """Input megabytes (MiB) per shard of the cache: the unit of parallel work and of resume after a kill."""
+    prepare_wait: float = bounded(600.0, gt=0)
+    """Seconds a process waits for another one preparing the same cache without a shard being finished, before
+    it gives up naming that process."""
+    restart_positions: bool = False
+    """Document-aware packing: positions restart at 0 after each EOS, so every document starts at position 0
+    (the model must offer it: model=gqa, model=moe). False: positions run across the window, documents and all."""
+    mask_documents: bool = False
+    """Document-aware packing: attention does not cross an EOS; each token attends to the earlier tokens of its
+    own document only. Usually with restart_positions=true."""
 
     @staticmethod
     def check(node: Any, path: str) -> list[str]:
@@ -121,7 +149,15 @@ class TokensConfig:
         if node.documents not in ("file", "paragraph"):
             problems.append(f"{path}.documents={node.documents} is not one of ['file', 'paragraph']: pass {path}.documents=file")
         _, problem = find_tokenizer(node.tokenizer)
-        return problems + ([problem] if problem else []) + find_text_files(node.paths, node.suffixes)[1]
+        problems += [problem] if problem else []
+        if node.sources and node.paths:
+            problems.append(f"{path}.paths and {path}.sources are both set: pass the corpus as one source more, or {path}.paths=[] ")
+        if not node.sources:
+            return problems + find_text_files(node.paths, node.suffixes)[1]
+        for name, source in node.sources.items():
+            found = find_text_files([source.path], node.suffixes)[1]
+            problems += [f"{path}.sources.{name}.path: {problem.split(': ', 1)[1]}" for problem in found]
+        return problems
 
 
 @dataclass

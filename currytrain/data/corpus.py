@@ -17,13 +17,15 @@ import torch
 
 from currytrain.data.base import BYTE_VOCAB, stable_seed
 from currytrain.data.files import find_text_files, plan_split
+from currytrain.data.streams import MixedStream, windows
 from currytrain.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 
 class TokenCorpus:
-    """Train/val token streams plus deterministic random-window batching."""
+    """Train/val token streams plus deterministic random-window batching. A stream is a 1-D tensor, or a
+    SpanStream or MixedStream (currytrain/data/streams.py) for corpora too large to hold in memory."""
 
     vocab_size: int = BYTE_VOCAB
 
@@ -44,12 +46,14 @@ class TokenCorpus:
         stream = self.train if split == "train" else self.val
         # The trailing 0 keeps the batches of runs made before the batch was global (they seeded by rank 0).
         generator = torch.Generator().manual_seed(stable_seed(self.seed, split, step, micro, 0))
-        starts = torch.randint(len(stream) - self.seq_len - 1, (batch_size,), generator=generator)
         share = batch_size // num_ranks
-        starts = starts[rank * share : (rank + 1) * share]
-        offsets = torch.arange(self.seq_len + 1)
-        windows = stream[starts[:, None] + offsets].long()
-        return windows[:, :-1], windows[:, 1:]
+        mine = slice(rank * share, (rank + 1) * share)
+        if isinstance(stream, MixedStream):
+            tokens = stream.draw(generator, batch_size, self.seq_len + 1, mine)
+        else:
+            starts = torch.randint(len(stream) - self.seq_len - 1, (batch_size,), generator=generator)
+            tokens = windows(stream, starts[mine], self.seq_len + 1)
+        return tokens[:, :-1], tokens[:, 1:]
 
     def describe(self) -> dict:
         return {"train_tokens": len(self.train), "val_tokens": len(self.val), "vocab_size": self.vocab_size}

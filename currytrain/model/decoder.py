@@ -110,6 +110,9 @@ class Decoder(nn.Module):
         self.output = SoftcappedLinear(dim, vocab_size, logit_softcap) if logit_softcap > 0 else nn.Linear(dim, vocab_size, bias=False)
         if tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
+        self.documents: tuple[int, bool, bool] | None = None
+        """(boundary token, restart positions, mask attention) when the data packs documents and asks the model to
+        respect them (RopeDecoder.use_document_boundaries); None: positions and attention run across the window."""
         self.layer_rope = tuple(layer_rope) or (0,) * n_layers
         """Which RoPE table of rope_tables() each layer rotates with (1: the local one)."""
         # Beyond the original context, dynamic scaling rebuilds the tables in forward; LongRoPE switches to its long ones.
@@ -196,8 +199,12 @@ class Decoder(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens)
         tables = self.rope_tables(tokens.shape[1])
+        mask = None
+        if self.documents is not None:  # positions restart, and attention may stay, within each document
+            positions, mask = document_layout(tokens, *self.documents)
+            tables = tuple((cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)) for cos, sin in tables)
         for layer, table in zip(self.layers, self.layer_rope):
-            h = layer(h, *tables[table])
+            h = layer(h, *tables[table]) if mask is None else layer(h, *tables[table], mask=mask)
         return self.readout(h)
 
     def decode(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -228,6 +235,25 @@ class Decoder(nn.Module):
             return False
         original = self.rope_dynamic[2].original_max_seq_len
         return before <= original < after
+
+
+def document_layout(tokens: torch.Tensor, boundary: int, restart_positions: bool, masked: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The documents of a batch of windows of a packed stream, each ended by the token `boundary` (the EOS): the
+    position of each token, (batch, seq), counted from its document's first token in the window (restart_positions;
+    else from the window's), and with `masked` the (batch, 1, seq, seq) causal mask within documents."""
+    seq_len = tokens.shape[1]
+    index = torch.arange(seq_len, device=tokens.device).expand_as(tokens)
+    starts = torch.zeros_like(tokens, dtype=torch.bool)
+    starts[:, 1:] = tokens[:, :-1] == boundary  # a document starts after each boundary token
+    if restart_positions:
+        positions = index - torch.cummax(torch.where(starts, index, torch.zeros_like(index)), dim=1).values
+    else:
+        positions = index
+    if not masked:
+        return positions, None
+    document = torch.cumsum(starts, dim=1)
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=tokens.device).tril()
+    return positions, ((document[:, :, None] == document[:, None, :]) & causal)[:, None]
 
 
 def layer_kinds(n_layers: int, layer_types: Sequence[str], sliding_window: int) -> list[str]:
@@ -345,3 +371,9 @@ class RopeDecoder(Decoder):
             embed_scale=math.sqrt(dim) if scale_embeddings else 0.0,
             logit_softcap=logit_softcap,
         )
+
+    def use_document_boundaries(self, boundary: int, restart_positions: bool, masked: bool) -> None:
+        """Respect the documents of packed windows, each ended by the token `boundary`: positions restart at each
+        document's first token (restart_positions) and, with masked, attention does not cross a boundary. The data
+        adapter asks for it (data.restart_positions, data.mask_documents); nothing of it is saved in checkpoints."""
+        self.documents = (boundary, restart_positions, masked) if restart_positions or masked else None

@@ -179,8 +179,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     Channel i is paired with channel i + head_dim/2 (the "rotate half" layout of GPT-NeoX and
     HF transformers), so Llama-family checkpoints map onto this module without permuting rows.
     """
-    seq_len = x.shape[-2]
-    cos, sin = cos[:seq_len], sin[:seq_len]
+    if cos.dim() == 2:  # a table by position; per-token angles (batch, 1, seq, half) come gathered already
+        seq_len = x.shape[-2]
+        cos, sin = cos[:seq_len], sin[:seq_len]
     x32 = x.float()
     # (first * cos - second * sin, second * cos + first * sin), the same numbers in three kernels over x, with the
     # halves swapped by one roll and the sign in the (small) sine table: 1.2-1.3x faster forward + backward than
@@ -204,14 +205,18 @@ def window_mask(seq_len: int, window: int | None, device: torch.device, num_keys
     return (offset >= 0) & (offset < window) if window else offset >= 0
 
 
-def softcapped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, *, softcap: float, window: int | None) -> torch.Tensor:
+def softcapped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None, *, softcap: float, window: int | None, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Causal attention whose scores are soft-capped, cap * tanh(scores / cap), before the mask and the softmax
     (Gemma 2). Written out, since the fused kernels cannot cap; q, k, v have the same number of heads (k and v may
-    hold earlier positions than q: a KV cache's)."""
+    hold earlier positions than q: a KV cache's). mask: a further (batch, 1, seq, seq) mask, True where a query may
+    attend a key (documents)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
     scores = torch.tanh(scores / softcap) * softcap
-    scores = scores.masked_fill(~window_mask(q.shape[-2], window, q.device, k.shape[-2]), float("-inf"))
+    allowed = window_mask(q.shape[-2], window, q.device, k.shape[-2])
+    scores = scores.masked_fill(~(allowed if mask is None else allowed & mask), float("-inf"))
     return torch.matmul(scores.softmax(dim=-1, dtype=torch.float32).to(v.dtype), v)
 
 
@@ -279,9 +284,11 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         return q, k, v
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        """cos, sin: the RoPE tables from x's first position on. cache: generation's keys and values of the earlier
-        positions (model/cache.py); x's are added to it and its queries attend to all of them."""
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """cos, sin: the RoPE tables from x's first position on (or gathered per token: (batch, 1, seq, half)). cache:
+        generation's keys and values of the earlier positions (model/cache.py); x's are added to it and its queries
+        attend to all of them. mask: None for causal attention, or (batch, 1, seq, seq), True where a query may
+        attend a key: causal within each document (the decoder's document boundaries)."""
         batch, seq_len, _ = x.shape
         q, k, v = self.project(x)
         q, k = self.rotate(q, cos, sin), self.rotate(k, cos, sin)
@@ -298,26 +305,29 @@ class Attention(nn.Module):
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
         if self.core is not None:
-            out = self.core(q, k, v, self.softmax_scale)
+            out = self.core(q, k, v, self.softmax_scale) if mask is None else self.core(q, k, v, self.softmax_scale, mask=mask)
         elif self.attention_fp32 and q.dtype != torch.float32 and torch.is_grad_enabled():
             with torch.autocast(q.device.type, enabled=False):
-                out = self.sdpa(q.float(), k.float(), v.float(), gqa)
+                out = self.sdpa(q.float(), k.float(), v.float(), gqa, mask)
         else:
-            out = self.sdpa(q, k, v, gqa)
+            out = self.sdpa(q, k, v, gqa, mask)
         return self.wo(out.transpose(1, 2).reshape(batch, seq_len, -1))
 
-    def sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool) -> torch.Tensor:
-        """Torch's fused causal attention (SDPA), within the sliding window when the sequence is longer than it.
-        Keys beyond the queries (a KV cache's earlier positions) come first: the queries are the last positions."""
+    def sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gqa: bool, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Torch's fused causal attention (SDPA), within the sliding window when the sequence is longer than it, and
+        within `mask` (documents) when one is given. Keys beyond the queries (a KV cache's earlier positions) come
+        first: the queries are the last positions."""
         seq_len, num_keys = q.shape[-2], k.shape[-2]
         if num_keys > seq_len:
             if seq_len == 1 and not (self.sliding_window and num_keys > self.sliding_window):  # one query sees every key
                 return F.scaled_dot_product_attention(q, k, v, scale=self.softmax_scale, enable_gqa=gqa)
             mask = window_mask(seq_len, self.sliding_window, q.device, num_keys)
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.softmax_scale, enable_gqa=gqa)
-        if self.sliding_window and seq_len > self.sliding_window:
-            mask = window_mask(seq_len, self.sliding_window, q.device)
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.softmax_scale, enable_gqa=gqa)
+        windowed = bool(self.sliding_window and seq_len > self.sliding_window)
+        if windowed or mask is not None:
+            allowed = window_mask(seq_len, self.sliding_window if windowed else None, q.device)
+            allowed = allowed if mask is None else allowed & mask
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=self.softmax_scale, enable_gqa=gqa)
         # the window covers the sequence: plain causal attention keeps the fused kernels
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale, enable_gqa=gqa)
 
@@ -470,9 +480,9 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     """Pre-norm residual block (Llama): x + attention(attention_norm(x)), then x + mlp(mlp_norm(x)).
 
-    attention: the block's attention, called as attention(h, cos, sin), and with cache=cache when decoding (by keyword:
-    tensor parallelism's input plan lays out three positional inputs; an attention written without a cache still
-    trains); mlp: its feed-forward module (a SwiGLU,
+    attention: the block's attention, called as attention(h, cos, sin), with cache=cache when decoding and mask=mask
+    when the documents' mask is asked for (by keyword: tensor parallelism's input plan lays out three positional
+    inputs; an attention written without either still trains); mlp: its feed-forward module (a SwiGLU,
     an MoE), registered as `mlp_name` so that checkpoints keep each family's names; norm(): a new RMSNorm of the
     residual width. SandwichBlock and PostNormBlock place the norms elsewhere (model.norm_position).
     """
@@ -494,12 +504,14 @@ class Block(nn.Module):
             self.post_mlp_norm = norm()
         self.mlp_name = mlp_name
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        x = x + self.attend(self.attention_norm(x), cos, sin, cache)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attend(self.attention_norm(x), cos, sin, cache, mask)
         return x + self._modules[self.mlp_name](self.mlp_norm(x))
 
-    def attend(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None) -> torch.Tensor:
-        """The attention sublayer; the cache is passed only when there is one."""
+    def attend(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The attention sublayer; the cache and the documents' mask are passed only when there is one."""
+        if mask is not None:
+            return self.attention(h, cos, sin, cache=cache, mask=mask)
         return self.attention(h, cos, sin) if cache is None else self.attention(h, cos, sin, cache=cache)
 
     def residual_projections(self) -> tuple[nn.Linear, ...]:
@@ -512,8 +524,8 @@ class SandwichBlock(Block):
 
     pre_norm, post_norm = True, True
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        x = x + self.post_attention_norm(self.attend(self.attention_norm(x), cos, sin, cache))
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.post_attention_norm(self.attend(self.attention_norm(x), cos, sin, cache, mask))
         return x + self.post_mlp_norm(self._modules[self.mlp_name](self.mlp_norm(x)))
 
 
@@ -522,8 +534,8 @@ class PostNormBlock(Block):
 
     pre_norm, post_norm = False, True
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        x = x + self.post_attention_norm(self.attend(x, cos, sin, cache))
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerCache | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.post_attention_norm(self.attend(x, cos, sin, cache, mask))
         return x + self.post_mlp_norm(self._modules[self.mlp_name](x))
 
 

@@ -28,7 +28,10 @@ runtime-checkable Protocol of one method), never by an attribute name or a confi
 - mup_hidden_matrices() -> HiddenMatrices: the weights muP trains with a width-scaled learning rate;
 - decode(tokens, cache) -> Tensor: generation's cached forward (HasKVCache): the logits of the new tokens, which
   follow the positions the KVCache (model/cache.py) holds and are added to it. Without it, generation runs the
-  whole sequence through forward for every new token.
+  whole sequence through forward for every new token;
+- use_document_boundaries(boundary, restart_positions, masked): respect the documents of packed windows (each
+  ended by the token `boundary`): positions restart at each document, and with masked attention stays inside
+  it. Asked for when the data adapter's `document_boundaries` is set (data.restart_positions, data.mask_documents).
 
 Sizes (classes, sequence length, vocabulary) come from the data adapter (`num_classes`, `seq_len`,
 `vocab_size`, `ignore_index`) or are read off the model's outputs, never from config field names.
@@ -47,6 +50,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from currytrain.errors import ConfigError
 from currytrain.model.cache import KVCache
 from currytrain.model.loss import cross_entropy
 
@@ -130,6 +134,11 @@ class HasKVCache(Protocol):
     def decode(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor: ...
 
 
+@runtime_checkable
+class HasDocumentBoundaries(Protocol):
+    def use_document_boundaries(self, boundary: int, restart_positions: bool, masked: bool) -> None: ...
+
+
 HOOKS = {
     HasLoss: "loss",
     HasParamGroups: "param_groups",
@@ -138,6 +147,7 @@ HOOKS = {
     HasTrainingMetrics: "training_metrics",
     HasMuP: "mup_hidden_matrices",
     HasKVCache: "decode",
+    HasDocumentBoundaries: "use_document_boundaries",
 }
 """The optional hooks of this protocol that are looked up as bound methods (see hook())."""
 
@@ -292,6 +302,21 @@ def model_loss(model: nn.Module, loss_fn: LossFn = token_loss_sum, data: Any = N
         return task, model.auxiliary_loss() if auxiliary else None
 
     return forward_loss
+
+
+def apply_document_boundaries(model: nn.Module, data: Any) -> None:
+    """Tell `model` the documents of the data's windows, when the adapter asks (its `document_boundaries`:
+    (boundary token, restart positions, masked), else None); a ConfigError when the model cannot respect them."""
+    wanted = getattr(data, "document_boundaries", None)
+    if wanted is None:
+        return
+    method = hook(model, HasDocumentBoundaries)
+    if method is None:
+        raise ConfigError(
+            f"data.restart_positions / data.mask_documents: {type(model).__name__} has no use_document_boundaries(), so it cannot restart "
+            "positions or mask attention at documents: pass model=gqa or model=moe, or set both to false"
+        )
+    method(*wanted)
 
 
 def optimizer_groups(model: nn.Module, weight_decay: float, lr: float) -> list[dict[str, Any]] | None:

@@ -215,6 +215,27 @@ def check_plateau(run: Run) -> Finding | None:
     )
 
 
+CHANCE_MARGIN = 0.05
+"""Nats below ln C a final val loss must reach to count as learned (currytrain.check.probes.CHANCE_MARGIN)."""
+
+
+def check_chance(run: Run) -> Finding | None:
+    """A run that finished at chance: its final val loss no lower than ln C, C the classes its data declared (the
+    journal's start event holds the adapter's description: num_classes, else vocab_size)."""
+    start, loss = run.last("start"), run.final_val_loss
+    data = (start or {}).get("data") or {}
+    classes = data.get("num_classes") or data.get("vocab_size") if isinstance(data, dict) else None
+    if not classes or loss is None or not math.isfinite(loss) or loss <= math.log(classes) - CHANCE_MARGIN:
+        return None
+    return Finding(
+        "chance",
+        f"the final val loss {loss:.4f} is at chance, ln({classes}) = {math.log(classes):.4f}: the model learned nothing a uniform guess does not know",
+        "run check=sanity (the loss at init, overfitting one batch) and check=lr_range on this config; a fine-tune that stays at chance "
+        "usually did not load its weights (trainer.init_from) or trains at a tiny lr",
+        _last_step(run),
+    )
+
+
 def check_aborted(run: Run) -> Finding | None:
     abort = run.last("abort")
     if abort is None:
@@ -227,7 +248,19 @@ def check_aborted(run: Run) -> Finding | None:
     )
 
 
-CHECKS = (check_config_error, check_oom, check_straggler, check_killed, check_nan, check_crash, check_divergence, check_stall, check_plateau, check_aborted)
+CHECKS = (
+    check_config_error,
+    check_oom,
+    check_straggler,
+    check_killed,
+    check_nan,
+    check_crash,
+    check_divergence,
+    check_stall,
+    check_chance,
+    check_plateau,
+    check_aborted,
+)
 
 
 def diagnose(path: str | Path) -> list[Finding]:

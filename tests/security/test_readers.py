@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -103,6 +104,13 @@ def test_fuzzed_journal_lines_are_read_or_skipped_never_raised(lines, tmp_path_f
 
     findings = _bounded(lambda: diagnose(run))
     assert not isinstance(findings, BaseException) or isinstance(findings, ConfigError), findings
+
+
+def test_a_start_record_without_its_time_is_drawn_in_the_timeline(tmp_path):
+    """Found by the fuzz above: a header or launch line with no time stopped `currytrain journal` with a KeyError."""
+    (tmp_path / "journal.jsonl").write_text('{"type": "header", "seed": 1}\n{"type": "launch"}\n{"type": "finish", "step": 3}\n')
+    lines = timeline(read_journal(tmp_path / "journal.jsonl"))
+    assert len(lines) == 3 and "header" in lines[0] and "seed 1" in lines[0] and "finish" in lines[2], lines
 
 
 YAML_TEXT = st.one_of(
@@ -199,11 +207,12 @@ def test_generate_and_eval_neither_expand_nor_build_what_a_run_folder_names(comm
 # ------------------------------------------------------------------------------------------------- the token cache
 
 
-def _pickled_offsets(cache, marker):
-    """docs.npy as numpy writes an object array: a pickle whose items reduce to os.mkdir(marker)."""
+def _pickled_document_ends(cache, marker):
+    """A shard's .idx as numpy writes an object array: a pickle whose items reduce to os.mkdir(marker)."""
     from security.crafted import Mkdir
 
-    np.save(cache / "docs.npy", np.array([Mkdir(marker), Mkdir(marker)], dtype=object), allow_pickle=True)
+    with (cache / "shard-000000.idx").open("wb") as handle:
+        np.save(handle, np.array([Mkdir(marker), Mkdir(marker)], dtype=object), allow_pickle=True)
 
 
 def _cut(name):
@@ -215,15 +224,19 @@ def _cut(name):
 
 
 TOKEN_CACHE_DAMAGE = {
-    "tokens.bin cut short": _cut("tokens.bin"),
-    "a split's train.bin cut short": _cut("split-*/train.bin"),
+    "a shard's ids cut short": _cut("shard-*.bin"),
     "meta.json of the wrong shape": lambda cache, marker: (cache / "meta.json").write_text('{"dtype": "object"}'),
-    "docs.npy an object array of pickles": _pickled_offsets,
+    "meta.json naming a shard outside the cache": lambda cache, marker: (cache / "meta.json").write_text(
+        json.dumps({**json.loads((cache / "meta.json").read_text()), "shards": [{"index": "../../x", "tokens": 1, "docs": 1}]})
+    ),
+    "a shard's document ends an object array of pickles": _pickled_document_ends,
 }
 
 
 @pytest.mark.reliability(
-    kind="untrusted", artifact="token cache (data=tokens)", refused_by="sizes and shapes checked against meta.json; docs.npy read without pickle"
+    kind="untrusted",
+    artifact="token cache (data=tokens)",
+    refused_by="meta.json's shape, the shards' sizes and shapes checked against it; .idx and split files read without pickle",
 )
 @pytest.mark.parametrize("damage", list(TOKEN_CACHE_DAMAGE), ids=list(TOKEN_CACHE_DAMAGE))
 def test_a_damaged_token_cache_is_refused_naming_it_and_kept(damage, tmp_path):
@@ -242,3 +255,29 @@ def test_a_damaged_token_cache_is_refused_naming_it_and_kept(damage, tmp_path):
     assert str(cache) in str(refused.value) and "data.cache_dir" in str(refused.value)
     assert {path.name: path.read_bytes() for path in cache.rglob("*") if path.is_file()} == kept, "the cache was changed"
     assert not marker.exists()
+
+
+def test_a_token_cache_split_outside_its_shards_is_cut_again(tmp_path):
+    """A split file is derived data: one whose spans leave the shards (or hold pickles) is not read, and is cut
+    again from the shards."""
+    pytest.importorskip("tokenizers")
+    from tiny_tokenizer import train_tokenizer, write_corpus
+
+    from currytrain.data.tokens import TokenizedText
+    from security.crafted import Mkdir
+
+    tokenizer, text, marker = train_tokenizer(tmp_path / "tokenizer"), write_corpus(tmp_path / "text", num_files=4, repeat=5), tmp_path / "ran"
+    build = lambda: TokenizedText(str(tokenizer), [str(text)], seq_len=16, cache_dir=str(tmp_path / "cache"))  # noqa: E731
+    first = build()
+    [split] = first.cache.glob("split-*.npz")
+    with np.load(split) as saved:
+        honest = {name: saved[name].copy() for name in ("train", "val")}
+    train = honest["train"].copy()
+    train[0, 1], train[0, 2] = 10**9, 10**9 + int(train[0, 2] - train[0, 1])  # the same token count, far past the shard
+    for crafted in (train, np.array([Mkdir(marker)], dtype=object)):
+        np.savez(split, train=crafted, val=honest["val"])
+        again = build()
+        with np.load(split) as saved:
+            assert all(np.array_equal(saved[name], honest[name]) for name in honest), "the split was cut again"
+        assert not marker.exists()
+        assert torch.equal(again.batch("train", 3, 0, 4)[0], first.batch("train", 3, 0, 4)[0])
