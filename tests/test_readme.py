@@ -2,7 +2,8 @@
 composes and validates with its overrides; the single-process runs among them train (TINY sizes, in this process);
 every `currytrain` line runs, on the run folder and the project those lines made. What is only validated needs
 several processes, a cluster, a GPU or minutes (the multiruns, parallel layouts, SLURM, compile, the ladder); each of
-those has its own tests. `currytrain hf import` needs a Hugging Face folder: tests/test_hf.py makes and imports one."""
+those has its own tests. `currytrain hf import` needs a Hugging Face folder: tests/test_hf.py makes and imports one; `currytrain data
+prepare|verify` need a tokenizer and a corpus: tests/test_data_prepare.py makes both and runs them."""
 
 from __future__ import annotations
 
@@ -29,7 +30,11 @@ RUN = {
     "python launch.py abort=strict trainer.checkpoint_every=50",
 }
 """The README lines that train here (the others are composed and validated)."""
-NOT_RUN = {"currytrain hf import path/to/hf_model"}
+NOT_RUN = {
+    "currytrain hf import path/to/hf_model",
+    "currytrain data prepare data=tokens data.tokenizer=runs/tok data.paths=[corpus/]",
+    "currytrain data verify data=tokens data.tokenizer=runs/tok data.paths=[corpus/]",
+}
 TINY_ONLY = {"experiment=digits"}
 """Lines whose model is not a decoder: TINY's decoder sizes do not apply; they compose at their own sizes."""
 CONTEXT = ["model.max_seq_len=128"]
