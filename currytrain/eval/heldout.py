@@ -37,7 +37,7 @@ class TextSet:
 
     @classmethod
     def read(cls, name: str, location: str, codec: Codec, max_tokens: int) -> TextSet:
-        from currytrain.data.tokens import read_documents
+        from currytrain.data.readers import read_documents
 
         start = codec.prefix_id if codec.prefix_id is not None else 0
         stream: list[int] = []
