@@ -47,8 +47,10 @@ def _hf_import(args: argparse.Namespace) -> None:
 
 
 def _hf_export(args: argparse.Namespace) -> None:
+    from currytrain.config import register_configs
     from currytrain.hf import export_hf
 
+    register_configs()  # the project's classes a run folder's model may name (an idea scaffolded --from gqa)
     out = export_hf(args.run, args.outdir, dtype=args.dtype, overwrite=args.overwrite, max_shard_size=args.max_shard_size)
     print(f"exported {args.run} -> {out} (config.json + model.safetensors): transformers.AutoModelForCausalLM.from_pretrained('{out}')")
 
@@ -365,9 +367,11 @@ def _add_runs(commands: argparse._SubParsersAction) -> None:
 
 
 def _generate(args: argparse.Namespace) -> None:
+    from currytrain.config import register_configs
     from currytrain.eval.commands import read_prompts, run_generate
     from currytrain.eval.generate import Sampling
 
+    register_configs()  # the project's classes a run folder's model may name
     temperature = 0.0 if args.greedy else args.temperature
     sampling = Sampling(args.max_new_tokens, temperature, args.top_k, args.top_p, args.seed)
     prompts = read_prompts(args.prompt, args.prompts_file)
@@ -434,13 +438,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from currytrain.conf import enter_app
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and isinstance(getattr(args, "overrides", None), list) and not any(arg.startswith("-") for arg in extra):
+        args.overrides += extra  # overrides after an option (`eval RUN --tokenizer T tasks=[x]`): argparse leaves them over
+    elif extra:
+        parser.parse_args(argv)  # argparse's own message for what no command takes, exit 2
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     enter_app()  # every command sees the project it runs in, as its launch.py does: its experiments and conf/
     try:
         args.handler(args)
     except Outcome as error:  # a config error (2), a failed gate (3), an abort (4): one message, no traceback
-        print(f"curryTrain: {error}", file=sys.stderr)
+        message = str(error)  # a config's problems come formatted, with the prefix already
+        print(message if message.startswith("curryTrain: ") else f"curryTrain: {message}", file=sys.stderr)
         return error.exit_code
     return 0
 

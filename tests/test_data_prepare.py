@@ -377,3 +377,13 @@ def test_a_run_packs_documents_when_asked_and_refuses_what_cannot(tokenizer, tmp
     assert any("needs a RoPE decoder (model=gqa or model=moe)" in problem for problem in problems), problems
     with pytest.raises(ConfigError, match=r"pass data.eos_token=<a token of the vocabulary>"):
         TokenizedText(str(tokenizer), [str(text)], seq_len=16, cache_dir=str(tmp_path / "cache"), eos_token="none", restart_positions=True)
+
+
+@pytest.mark.parametrize("action", ["prepare", "verify"])
+def test_data_prepare_on_data_that_is_not_tokens_names_the_fix(action, capsys):
+    """`currytrain data prepare` without data=tokens (the default data=bytes has no workers or shards to read):
+    exit 2 naming data=tokens, with one "curryTrain:" before the message, not a KeyError."""
+    assert currytrain_main(["data", action, "data=bytes"]) == 2
+    err = capsys.readouterr().err
+    assert "currytrain data prepares data=tokens" in err and "pass data=tokens" in err
+    assert "curryTrain: curryTrain:" not in err

@@ -131,6 +131,39 @@ def test_an_edited_copy_of_a_family_is_not_exported_as_that_family(inside, runs)
     assert currytrain_main(["hf", "export", str(runs["gqa"]), str(inside / "out"), "--dtype", "float16"]) == 0  # the copy as run
 
 
+def test_a_new_shell_exports_the_projects_runs(inside, runs, capsys, tmp_path, monkeypatch):
+    """`currytrain hf export` in a new shell, where nothing composed a config first: it registers the project's classes
+    itself, so the copy of the gqa family exports; an lm idea (its own class) is refused with exit 2, no traceback."""
+    pytest.importorskip("transformers")
+    from currytrain import build
+
+    monkeypatch.setattr(build, "_registered", set(build.BUILT_IN_TARGETS))  # what a new process starts from
+    assert currytrain_main(["hf", "export", str(runs["gqa"]), str(tmp_path / "gqa")]) == 0
+    assert (tmp_path / "gqa" / "config.json").is_file()
+    monkeypatch.setattr(build, "_registered", set(build.BUILT_IN_TARGETS))
+    capsys.readouterr()
+    assert currytrain_main(["hf", "export", str(runs["lm_0"]), str(tmp_path / "lm")]) == 2
+    err = capsys.readouterr().err
+    assert "MyLmModel has no Hugging Face counterpart" in err and "Traceback" not in err
+
+
+def test_overrides_may_follow_an_option(inside, runs, capsys):
+    """`currytrain estimate RUN --gpu h100 trainer.max_steps=10`: overrides after an option are still overrides
+    (argparse alone would call them unrecognized arguments); anything else left over is still refused."""
+    assert currytrain_main(["estimate", str(runs["lm_0"]), "--gpu", "h100", "trainer.max_steps=10"]) == 0
+    assert capsys.readouterr().out.startswith("2,560 tokens x")  # 10 steps of 4 sequences of 64 tokens, not the run's 12
+    with pytest.raises(SystemExit) as exited:
+        currytrain_main(["journal", str(runs["lm_0"]), "trainer.max_steps=10"])
+    assert exited.value.code == 2
+
+
+def test_a_commands_config_error_says_currytrain_once(inside, capsys):
+    """A typo given to a `currytrain` command is answered as launch.py answers it: one "curryTrain:", the key, the fix."""
+    assert currytrain_main(["bench", "experiment=my_lm", "model.dimm=64"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("curryTrain: the config has 1 problem:") and "did you mean model.dim? pass model.dim=64" in err
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [

@@ -78,13 +78,17 @@ def _trusted_meta(folder: Path) -> dict[str, Any]:
     return meta
 
 
-def _sources_of(fields: dict[str, Any], options: PrepareOptions) -> list[Source]:
-    """The prepared sources of data=tokens fields (a resolved data config node as a dict)."""
+def _require_tokens(fields: dict[str, Any]) -> None:
     if fields.get("_target_") != TokensConfig._target_:
         raise ConfigError(
             f"currytrain data prepares data=tokens (a tokenizer and text files); data builds {fields.get('_target_')}, which reads its data "
             "when a run starts: pass data=tokens data.tokenizer=... data.paths=[...]"
         )
+
+
+def _sources_of(fields: dict[str, Any], options: PrepareOptions) -> list[Source]:
+    """The prepared sources of data=tokens fields (a resolved data config node as a dict)."""
+    _require_tokens(fields)
     keys = ("tokenizer", "paths", "sources", "suffixes", "documents", "text_field", "eos_token", "cache_dir")
     return prepare_sources(*(fields[key] for key in keys), options)
 
@@ -92,6 +96,7 @@ def _sources_of(fields: dict[str, Any], options: PrepareOptions) -> list[Source]
 def prepare_data(fields: dict[str, Any]) -> list[str]:
     """`currytrain data prepare`: prepare every source's cache (mending a damaged one) and cut the split of
     data.seed and data.val_fraction, so that runs start without tokenizing; returns what to print."""
+    _require_tokens(fields)  # before reading the fields only data=tokens has
     options = PrepareOptions(workers=fields["workers"], shard_bytes=fields["shard_mb"] << 20, wait_s=fields["prepare_wait"], repair=True)
     lines = []
     for source in _sources_of(fields, options):

@@ -377,6 +377,8 @@ def computed_as_builtin(node: dict[str, Any], state: dict[str, torch.Tensor]) ->
     """A project's own copy of a built-in family (`currytrain scaffold NAME --from gqa`): its node with the built-in
     class as `_target_` when that class builds from the same fields, loads these weights and computes the same logits
     on them (so a copy whose forward was edited is not exported as the family); else None."""
+    from hydra.errors import InstantiationException
+
     from currytrain.model import build_model
 
     if str(node.get("_target_", "")) in BUILTIN_FAMILIES or "vocab_size" not in node:
@@ -398,7 +400,7 @@ def computed_as_builtin(node: dict[str, Any], state: dict[str, torch.Tensor]) ->
             _load_state(builtin, candidate, dict(state))
             with torch.no_grad():
                 same = torch.allclose(builtin(tokens), expected, rtol=1e-4, atol=1e-5)
-        except (TypeError, RuntimeError, ValueError, ConfigError):  # another field set, or other weights
+        except (InstantiationException, TypeError, RuntimeError, ValueError, ConfigError):  # another field set (Hydra wraps the TypeError), or other weights
             continue
         if same:
             return candidate
