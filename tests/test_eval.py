@@ -19,7 +19,8 @@ pytest.importorskip("lm_eval")
 
 from conftest import train_losses  # noqa: E402
 from currytrain.cli import main  # noqa: E402
-from currytrain.eval.heldout import TextSet  # noqa: E402
+from currytrain.errors import ConfigError  # noqa: E402
+from currytrain.eval.heldout import TextSet, read_text_sets  # noqa: E402
 from currytrain.eval.live import LiveModel  # noqa: E402
 from currytrain.eval.runner import Evaluators  # noqa: E402
 from currytrain.eval.synthetic import write_task_set  # noqa: E402
@@ -49,6 +50,13 @@ def events(run: Path, kind: str = "evaluation") -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------------ held-out text sets
+
+
+def test_a_bad_text_set_file_is_named_by_its_eval_key(tmp_path):
+    """A held-out .jsonl that is not JSON lines names eval.texts.NAME, the key that points at it, not data.paths."""
+    (tmp_path / "held.jsonl").write_text('{"text": "fine"}\n{"text": "cut sho\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"^eval.texts.held: .*held.jsonl line 2 is not JSON .* remove it from eval.texts.held$"):
+        read_text_sets({"held": str(tmp_path / "held.jsonl")}, byte_codec(), max_tokens=0)
 
 
 def test_a_text_set_is_scored_token_weighted_in_windows_of_the_context(tmp_path):

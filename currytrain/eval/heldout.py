@@ -100,4 +100,12 @@ class TextSet:
 
 
 def read_text_sets(texts: dict[str, str], codec: Codec, max_tokens: int) -> list[TextSet]:
-    return [TextSet.read(name, str(Path(str(location)).expanduser()), codec, max_tokens) for name, location in dict(texts).items()]
+    from currytrain.errors import ConfigError
+
+    sets = []
+    for name, location in dict(texts).items():
+        try:
+            sets.append(TextSet.read(name, str(Path(str(location)).expanduser()), codec, max_tokens))
+        except ConfigError as error:  # the corpus readers name data.paths, the key of a run's corpus, not this one
+            raise ConfigError(str(error).replace("data.paths", f"eval.texts.{name}")) from None
+    return sets
