@@ -168,11 +168,19 @@ def batch_determinism(parts: Components, batch_size: int) -> Finding:
     return Finding("deterministic batches", Status.PASSED, "repeatable, and different per step", expected)
 
 
+def in_memory_streams(split: object) -> list[torch.Tensor]:
+    """The token tensors of a split: the split itself, or each source of a mixture (data.sources); none when any is
+    read through memory maps (a split above data=tokens' in-memory size)."""
+    streams = [split] if isinstance(split, torch.Tensor) else list(getattr(split, "streams", None) or [])
+    return streams if streams and all(isinstance(stream, torch.Tensor) for stream in streams) else []
+
+
 def train_val_overlap(parts: Components, windows: int, max_share: float, warn_share: float = 0.05) -> Finding:
     """Share of val windows (seq_len tokens) that occur verbatim in the train stream: above max_share fails (val
     repeats train), above warn_share warns; a few (boilerplate a corpus shares across files) are reported only."""
     data = parts.data
-    if not isinstance(getattr(data, "train", None), torch.Tensor) or not isinstance(getattr(data, "val", None), torch.Tensor):
+    trains, vals = in_memory_streams(getattr(data, "train", None)), in_memory_streams(getattr(data, "val", None))
+    if not trains or not vals:
         return Finding(
             "no train/val overlap",
             Status.SKIPPED,
@@ -181,9 +189,9 @@ def train_val_overlap(parts: Components, windows: int, max_share: float, warn_sh
             "",
             "give the adapter .train and .val token tensors to have its splits compared",
         )
-    train = data.train.cpu().numpy().tobytes()
+    train = [(stream.cpu().numpy().tobytes(), stream.dtype) for stream in trains]
     val_windows = data.batch("val", 0, 0, windows)[0]
-    found = sum(train.find(row.to(data.train.dtype).numpy().tobytes()) >= 0 for row in val_windows)
+    found = sum(any(text.find(row.to(dtype).numpy().tobytes()) >= 0 for text, dtype in train) for row in val_windows)
     share = found / windows
     observed = f"{found} of {windows} val windows ({data.seq_len} tokens) occur in the train stream"
     expected = f"share <= {max_share:g}"
