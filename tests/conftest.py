@@ -58,6 +58,20 @@ TINY = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def checkout_imports():
+    """After each test, `experiments` is the checkout's again: a `currytrain` command run in-process inside a
+    project's folder puts that project first on sys.path (currytrain.conf.enter_app), as it should for a process."""
+    saved_path = sys.path[:]
+    saved = {name: module for name, module in sys.modules.items() if name == "experiments" or name.startswith("experiments.")}
+    yield
+    if sys.path != saved_path:
+        sys.path[:] = saved_path
+        for name in [name for name in sys.modules if name == "experiments" or name.startswith("experiments.")]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
 def compose_tiny(*overrides: str, tiny: bool = True):
     """The composed root config, TINY overrides applied first (module-scoped fixtures call it directly)."""
     register_configs()

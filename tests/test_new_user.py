@@ -32,8 +32,9 @@ def project(tmp_path_factory) -> Path:
     cwd = os.getcwd()
     os.chdir(root)
     try:
-        for name, flags in KINDS.items():
-            assert currytrain_main(["scaffold", name, *flags]) == 0
+        with project_imports(root):  # the command puts the project first on sys.path; the test process's comes back
+            for name, flags in KINDS.items():
+                assert currytrain_main(["scaffold", name, *flags]) == 0
     finally:
         os.chdir(cwd)
     return root
