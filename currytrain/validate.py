@@ -741,7 +741,10 @@ class ValidateCallback(Callback):
         take_vocab_from_tokenizer(config)  # the task receives this config: the size it takes is the one it runs
         run_dir = OmegaConf.select(config, "hydra.run.dir")
         held = held_by_another(run_dir) if run_dir else None  # first: a folder in use explains the other problems
-        self._reject(([held] if held else []) + validate_or_stop(config, run_dir))
+        problems = validate_or_stop(config, run_dir)
+        if problems and run_dir and not held:  # a run that took the folder while this one validated wrote into it
+            held = held_by_another(run_dir)
+        self._reject(([held] if held else []) + problems)
         if run_dir:
             _validated.add(str(Path(run_dir).resolve()))
         if run_dir:
